@@ -1,0 +1,45 @@
+# Everything a fresh Debian machine needs, then the project in .venv.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PKGS := fuse3 libfuse3-dev pkg-config
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install test stress demo bench bench-quick clean deps
+
+install: $(STAMP)
+
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(MAKE) deps
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -x -p no:cacheprovider tests
+
+stress: install
+	$(PY) -m pytest -q -p no:cacheprovider -m stress tests
+
+demo: install
+	$(PY) -m overlayckpt.demo
+
+bench: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.run --sizes 1000,10000,100000
+
+bench-quick: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench.run --sizes 1000,10000 --quick
+
+clean:
+	-for m in $$(awk '$$3 ~ /^fuse/ {print $$2}' /proc/mounts); do fusermount3 -uz $$m; done
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench/work
