@@ -1,0 +1,596 @@
+"""What is timed, and only that.
+
+Each workload is run in rounds: in every round each contender does a batch of
+iterations, so machine drift (other tenants, page-cache pressure, thermal)
+hits all contenders alike. ``time.perf_counter_ns`` brackets the operation
+itself; choosing targets, resetting state and verifying results happen
+outside it. A workload may produce several metrics (e.g. create and rm), and
+every contender sees the same targets in the same order.
+
+Workloads run in one thread; a contender's ``root`` is the only path they use.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.contenders import Contender
+from bench.gen import BIG_FILE, BIG_FILE_SIZE, Repo, _vocabulary, text_blob
+
+Samples = dict[str, list[int]]
+EDIT_SIZE = 4096
+EDIT_OFFSET = 4096  # targets are 8-32 KiB, so the block lies inside the file
+SUBPROCESS_TIMEOUT = 3600
+
+
+def now() -> int:
+    return time.perf_counter_ns()
+
+
+def drop_caches() -> bool:
+    """Write back and drop the page, dentry and inode caches; False if not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        return True
+    except OSError:
+        return False
+
+
+def small_edit(path: Path | str, buf: bytes) -> None:
+    """The agent's basic move: open, 4 KiB overwrite, close."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, buf, EDIT_OFFSET)
+    finally:
+        os.close(fd)
+
+
+class TargetPool:
+    """Deterministic supply of distinct ~20 KB text files, so first touches really are first."""
+
+    def __init__(self, repo: Repo) -> None:
+        files = repo.text_files(8 * 1024, 32 * 1024)
+        random.Random(7).shuffle(files)
+        self.files = files
+        self.next = 0
+        self.wrapped = False
+
+    def remaining(self) -> int:
+        return len(self.files) - self.next
+
+    def take(self, k: int) -> list[str]:
+        out = []
+        for _ in range(k):
+            if self.next >= len(self.files):
+                self.next = 0
+                self.wrapped = True
+            out.append(self.files[self.next])
+            self.next += 1
+        return out
+
+
+@dataclass
+class History:
+    """Per-contender bookkeeping for the checkpoint workloads."""
+
+    step: int = 0
+    markers: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # ckpt -> (file, marker)
+    verify_failures: int = 0
+    verify_ok: int = 0
+
+
+@dataclass
+class Ctx:
+    """Everything workloads share for one repo size."""
+
+    repo: Repo
+    quick: bool
+    history_lengths: tuple[int, int]
+    can_drop_caches: bool
+    tick: Callable[[int], None]
+    pool: TargetPool = field(init=False)
+    ckpt_targets: list[str] = field(init=False)
+    text: list[bytes] = field(init=False)
+    hist: dict[str, History] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, dict] = field(default_factory=dict)  # workload -> contender -> facts
+
+    def __post_init__(self) -> None:
+        self.pool = TargetPool(self.repo)
+        self.ckpt_targets = self.pool.take(50)
+        self.text = _vocabulary(random.Random(11))
+
+    def edit_buf(self, marker: bytes = b"") -> bytes:
+        body = text_blob(random.Random(len(marker) + 3), self.text, EDIT_SIZE)
+        return (marker + body)[:EDIT_SIZE]
+
+    def history(self, c: Contender) -> History:
+        return self.hist.setdefault(c.name, History())
+
+    def history_step(self, c: Contender) -> tuple[str, bytes]:
+        """One real change before a checkpoint: an edit whose marker a restore can verify."""
+        h = self.history(c)
+        rel = self.ckpt_targets[h.step % len(self.ckpt_targets)]
+        marker = b"/* bench checkpoint step %09d */\n" % h.step
+        small_edit(c.root / rel, self.edit_buf(marker))
+        h.step += 1
+        return rel, marker
+
+    def record_checkpoint(self, c: Contender, ckpt: str, change: tuple[str, bytes] | None) -> None:
+        c.ckpts.append(ckpt)
+        if change is not None:
+            self.history(c).markers[ckpt] = change
+
+    def verify(self, c: Contender, ckpt: str) -> None:
+        """After a restore, the file changed just before *ckpt* must hold that change."""
+        h = self.history(c)
+        if ckpt not in h.markers:
+            return
+        rel, marker = h.markers[ckpt]
+        with open(c.root / rel, "rb") as f:
+            f.seek(EDIT_OFFSET)
+            got = f.read(len(marker))
+        if got == marker:
+            h.verify_ok += 1
+        else:
+            h.verify_failures += 1
+
+
+class Workload:
+    """Base: ``plan`` says how many iterations and rounds; ``run`` times a batch."""
+
+    name = "base"
+    only_checkpoint = False  # only contenders that checkpoint (shadow-git, overlayckpt)
+    iterations = (1, 1)  # (quick, full) per contender
+    rounds = (1, 1)
+
+    def applies(self, c: Contender) -> bool:
+        return c.supports_checkpoint if self.only_checkpoint else c.applies_to_fs_workloads
+
+    def plan(self, ctx: Ctx) -> tuple[int, int]:
+        i = self.iterations[0] if ctx.quick else self.iterations[1]
+        r = self.rounds[0] if ctx.quick else self.rounds[1]
+        return i, max(1, min(r, i))
+
+    def setup(self, ctx: Ctx) -> None:
+        """Once per repo size, before any contender (pick shared targets here)."""
+
+    def prepare(self, c: Contender, ctx: Ctx) -> None:
+        """Once per contender, untimed."""
+
+    def run(self, c: Contender, ctx: Ctx, start: int, count: int, out: Samples) -> None:
+        raise NotImplementedError
+
+    def finish(self, c: Contender, ctx: Ctx) -> None:
+        """Once per contender after the last round, untimed."""
+
+
+def _add(out: Samples, metric: str, ns: int) -> None:
+    out.setdefault(metric, []).append(ns)
+
+
+# --- plain file operations ----------------------------------------------------------
+
+
+class EditFirst(Workload):
+    """4 KiB overwrite of a file never written before (copy-up on overlays)."""
+
+    name = "edit_first"
+    iterations = (100, 1000)
+    rounds = (5, 10)
+
+    def plan(self, ctx: Ctx) -> tuple[int, int]:
+        i, r = super().plan(ctx)
+        return min(i, max(10, ctx.pool.remaining() - 120)), r
+
+    def setup(self, ctx: Ctx) -> None:
+        self.targets = ctx.pool.take(self.plan(ctx)[0])
+        self.buf = ctx.edit_buf(b"/* first */")
+
+    def run(self, c, ctx, start, count, out):
+        root, buf = c.root, self.buf
+        for i in range(start, start + count):
+            path = root / self.targets[i]
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY)
+            os.pwrite(fd, buf, EDIT_OFFSET)
+            os.close(fd)
+            _add(out, "edit_first", now() - t0)
+            ctx.tick(1)
+
+
+class EditRepeat(Workload):
+    """4 KiB overwrite of files already written (the steady state of an agent's loop)."""
+
+    name = "edit_repeat"
+    iterations = (300, 3000)
+    rounds = (5, 10)
+
+    def setup(self, ctx):
+        self.targets = ctx.pool.take(16)
+        self.buf = ctx.edit_buf(b"/* again */")
+
+    def prepare(self, c, ctx):
+        for rel in self.targets:
+            small_edit(c.root / rel, self.buf)
+
+    def run(self, c, ctx, start, count, out):
+        root, buf, n = c.root, self.buf, len(self.targets)
+        for i in range(start, start + count):
+            path = root / self.targets[i % n]
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY)
+            os.pwrite(fd, buf, EDIT_OFFSET)
+            os.close(fd)
+            _add(out, "edit_repeat", now() - t0)
+            ctx.tick(1)
+
+
+class AtomicSave(Workload):
+    """Editor-style save: write a temp file beside the target, (fsync,) rename over it."""
+
+    iterations = (200, 2000)
+    rounds = (5, 10)
+
+    def __init__(self, fsync: bool) -> None:
+        self.fsync = fsync
+        self.name = "atomic_save_fsync" if fsync else "atomic_save"
+        if fsync:
+            self.iterations = (100, 1000)
+
+    def setup(self, ctx):
+        self.targets = ctx.pool.take(32)
+        self.data = text_blob(random.Random(5), ctx.text, 20 * 1024)
+
+    def run(self, c, ctx, start, count, out):
+        data, sync = self.data, self.fsync
+        for i in range(start, start + count):
+            path = c.root / self.targets[i % len(self.targets)]
+            tmp = path.with_name("." + path.name + ".bench-tmp")
+            t0 = now()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            if sync:
+                os.fsync(fd)
+            os.close(fd)
+            os.rename(tmp, path)
+            _add(out, self.name, now() - t0)
+            ctx.tick(1)
+
+
+class AppendLog(Workload):
+    """Open with O_APPEND, add one line, close: build and agent logs."""
+
+    name = "append_log"
+    iterations = (300, 3000)
+    rounds = (5, 10)
+    LOG = "bench-agent.log"
+
+    def prepare(self, c, ctx):
+        (c.root / self.LOG).write_bytes(b"")
+
+    def run(self, c, ctx, start, count, out):
+        path = c.root / self.LOG
+        for i in range(start, start + count):
+            line = b"%08d step ok: compiled 3 targets, 0 warnings, took 12 ms\n" % i
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            os.write(fd, line)
+            os.close(fd)
+            _add(out, "append_log", now() - t0)
+            ctx.tick(1)
+
+    def finish(self, c, ctx):
+        (c.root / self.LOG).unlink(missing_ok=True)
+
+
+class CreateDelete(Workload):
+    """Create a 1 KiB file in an existing source dir, close, unlink it."""
+
+    name = "create_delete"
+    iterations = (200, 2000)
+    rounds = (5, 10)
+
+    def setup(self, ctx):
+        self.dir = os.path.dirname(ctx.pool.take(1)[0])
+        self.data = b"x" * 1024
+
+    def run(self, c, ctx, start, count, out):
+        d, data = c.root / self.dir, self.data
+        for i in range(start, start + count):
+            path = d / f"bench-cd-{i}.tmp"
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+            os.unlink(path)
+            _add(out, "create_delete", now() - t0)
+            ctx.tick(1)
+
+
+class ManySmall(Workload):
+    """A package install: thousands of small files in nested dirs, then ``rm -rf``."""
+
+    name = "many_small"
+    iterations = (1, 3)
+    rounds = (1, 3)
+
+    def setup(self, ctx):
+        n_files = 1000 if ctx.quick else 20000
+        rng = random.Random(13)
+        self.dirs: list[str] = []
+        self.files: list[tuple[str, bytes]] = []
+        pkg = 0
+        while len(self.files) < n_files:
+            base = f"node_modules/pkg-{pkg:05d}"
+            pkg += 1
+            self.dirs += [base, f"{base}/lib", f"{base}/dist"]
+            self.files.append((f"{base}/package.json", b'{"name": "pkg-%d", "version": "1.0.0"}\n' % pkg))
+            for j in range(rng.randint(3, 15)):
+                sub = "lib" if j % 2 else "dist"
+                size = int(100 * 40 ** rng.random())  # 100 B - 4 KB
+                self.files.append((f"{base}/{sub}/m{j}.js", b"module.exports = 1;\n" * (size // 20 + 1)))
+        self.files = self.files[:n_files]
+
+    def run(self, c, ctx, start, count, out):
+        root = c.root
+        for _ in range(count):
+            t0 = now()
+            os.mkdir(root / "node_modules")
+            for d in self.dirs:
+                os.mkdir(root / d)
+            for k, (rel, data) in enumerate(self.files):
+                fd = os.open(root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.write(fd, data)
+                os.close(fd)
+                if k % 500 == 0:
+                    ctx.tick(0)
+            _add(out, "many_small_create", now() - t0)
+            t0 = now()
+            subprocess.run(["rm", "-rf", "node_modules"], cwd=root, check=True, timeout=SUBPROCESS_TIMEOUT)
+            _add(out, "many_small_rm", now() - t0)
+            ctx.tick(1)
+
+
+class BigFileEdit(Workload):
+    """4 KiB overwrite inside a 50 MiB file; the first one pays any whole-file copy-up."""
+
+    name = "bigfile"
+    iterations = (50, 500)
+    rounds = (5, 10)
+
+    def setup(self, ctx):
+        rng = random.Random(17)
+        n = self.plan(ctx)[0]
+        self.offsets = [rng.randrange(BIG_FILE_SIZE // 4096) * 4096 for _ in range(n)]
+        self.buf = ctx.edit_buf(b"big")
+
+    def run(self, c, ctx, start, count, out):
+        path = c.root / BIG_FILE
+        for i in range(start, start + count):
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY)
+            os.pwrite(fd, self.buf, self.offsets[i])
+            os.close(fd)
+            _add(out, "bigfile_first" if i == 0 else "bigfile_edit", now() - t0)
+            ctx.tick(1)
+
+    def finish(self, c, ctx):
+        # Put the blob back: a dirty 50 MiB file would make every later `git status`
+        # re-hash it, and that hashing would swamp what those workloads measure.
+        subprocess.run(["git", "checkout", "--", BIG_FILE], cwd=c.root, check=True,
+                       stdout=subprocess.DEVNULL, timeout=SUBPROCESS_TIMEOUT)
+
+
+class SeqIO(Workload):
+    """64 MiB written sequentially (1 MiB writes, fsync), then read back."""
+
+    name = "seq_io"
+    iterations = (2, 5)
+    rounds = (2, 5)
+    SIZE = 64 * 1024 * 1024
+    CHUNK = 1024 * 1024
+
+    def setup(self, ctx):
+        self.chunk = random.Random(19).randbytes(self.CHUNK)
+
+    def run(self, c, ctx, start, count, out):
+        path = c.root / "bench-seq.bin"
+        for _ in range(count):
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for _ in range(self.SIZE // self.CHUNK):
+                os.write(fd, self.chunk)
+            os.fsync(fd)
+            os.close(fd)
+            _add(out, "seq_write_64m", now() - t0)
+            t0 = now()
+            fd = os.open(path, os.O_RDONLY)
+            while os.read(fd, self.CHUNK):
+                pass
+            os.close(fd)
+            _add(out, "seq_read_64m", now() - t0)
+            os.unlink(path)
+            ctx.tick(1)
+
+
+class Command(Workload):
+    """A whole-tree command (``git status``, ``tar``), warm or cold.
+
+    Cold: FUSE contenders are remounted (their own caches go) and the kernel
+    caches are dropped before each timed run.
+    """
+
+    def __init__(self, name: str, argv: list[str], cold: bool, iterations: tuple[int, int]) -> None:
+        self.name = name
+        self.argv = argv
+        self.cold = cold
+        self.iterations = iterations
+        self.rounds = iterations
+
+    def prepare(self, c, ctx):
+        if not self.cold:
+            self._run(c)  # warm-up, untimed
+
+    def _run(self, c: Contender) -> None:
+        subprocess.run(self.argv, cwd=c.root, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=SUBPROCESS_TIMEOUT)
+
+    def run(self, c, ctx, start, count, out):
+        for _ in range(count):
+            if self.cold:
+                if c.is_fuse:
+                    c.remount()
+                drop_caches()
+            t0 = now()
+            self._run(c)
+            _add(out, self.name, now() - t0)
+            ctx.tick(1)
+
+
+# --- history: checkpoints and restores ------------------------------------------------
+
+
+class Checkpoint(Workload):
+    """Cost of one checkpoint right after one small edit; also store growth per edit."""
+
+    name = "checkpoint"
+    only_checkpoint = True
+    iterations = (10, 100)
+    rounds = (5, 10)
+
+    def setup(self, ctx):
+        self.before: dict[str, tuple[int, int]] = {}
+
+    def prepare(self, c, ctx):
+        self.before[c.name] = c.store_bytes()
+
+    def run(self, c, ctx, start, count, out):
+        for _ in range(count):
+            change = ctx.history_step(c)
+            t0 = now()
+            ckpt = c.checkpoint()
+            _add(out, "checkpoint", now() - t0)
+            ctx.record_checkpoint(c, ckpt, change)
+            ctx.tick(1)
+
+    def finish(self, c, ctx):
+        n = self.plan(ctx)[0]
+        a0, d0 = self.before[c.name]
+        a1, d1 = c.store_bytes()
+        ctx.extra.setdefault("store_growth", {})[c.name] = {
+            "edits": n,
+            "apparent_bytes_per_edit": (a1 - a0) / n,
+            "disk_bytes_per_edit": (d1 - d0) / n,
+            "store_apparent_bytes": a1,
+            "store_disk_bytes": d1,
+        }
+
+
+class Restore(Workload):
+    """Restore 1, 10 and 100 changes back (then return to the newest, untimed)."""
+
+    name = "restore"
+    only_checkpoint = True
+    iterations = (2, 10)
+    rounds = (2, 10)
+    BACK = (1, 10, 100)
+
+    def prepare(self, c, ctx):
+        # Real one-edit checkpoints, so "100 back" means 100 real changes.
+        while len(c.ckpts) < max(self.BACK) + 1:
+            change = ctx.history_step(c)
+            ctx.record_checkpoint(c, c.checkpoint(), change)
+            ctx.tick(0)
+
+    def run(self, c, ctx, start, count, out):
+        head = c.ckpts[-1]
+        for _ in range(count):
+            for back in self.BACK:
+                target = c.ckpts[-1 - back]
+                t0 = now()
+                c.restore(target)
+                _add(out, f"restore_{back}", now() - t0)
+                ctx.verify(c, target)
+                c.restore(head)
+                ctx.verify(c, head)
+            ctx.tick(1)
+
+
+class HistoryLength(Workload):
+    """Small edit, checkpoint and restore 10 back with H checkpoints already recorded."""
+
+    only_checkpoint = True
+    iterations = (3, 20)
+    rounds = (3, 10)
+    EDITS = 10
+
+    def __init__(self, which: int) -> None:
+        self.which = which  # 0: short history, 1: long history
+        self.name = "hist_small" if which == 0 else "hist_large"
+
+    def prepare(self, c, ctx):
+        target = ctx.history_lengths[self.which]
+        have = len(c.ckpts)
+        if have < target:
+            c.pad_history(target - have, lambda _i: (ctx.history_step(c), ctx.tick(0)))
+        ctx.extra.setdefault("history_length", {}).setdefault(self.name, {})[c.name] = len(c.ckpts)
+        self.buf = ctx.edit_buf(b"/* hist */")
+
+    def run(self, c, ctx, start, count, out):
+        h = ctx.history_lengths[self.which]
+        for _ in range(count):
+            for k in range(self.EDITS):
+                path = c.root / ctx.ckpt_targets[(k * 7) % len(ctx.ckpt_targets)]
+                t0 = now()
+                fd = os.open(path, os.O_WRONLY)
+                os.pwrite(fd, self.buf, 0)  # the marker at EDIT_OFFSET stays intact
+                os.close(fd)
+                _add(out, f"edit@hist{h}", now() - t0)
+            change = ctx.history_step(c)
+            t0 = now()
+            ckpt = c.checkpoint()
+            _add(out, f"checkpoint@hist{h}", now() - t0)
+            ctx.record_checkpoint(c, ckpt, change)
+            target = c.ckpts[-11]
+            t0 = now()
+            c.restore(target)
+            _add(out, f"restore10@hist{h}", now() - t0)
+            ctx.verify(c, target)
+            c.restore(ckpt)
+            ctx.verify(c, ckpt)
+            ctx.tick(1)
+
+
+def all_workloads() -> list[Workload]:
+    """Every workload, in the order they run (history ones last: they add checkpoints)."""
+    return [
+        EditFirst(),
+        EditRepeat(),
+        AtomicSave(fsync=False),
+        AtomicSave(fsync=True),
+        AppendLog(),
+        CreateDelete(),
+        BigFileEdit(),
+        SeqIO(),
+        ManySmall(),
+        Command("git_status_warm", ["git", "status", "--porcelain"], cold=False, iterations=(3, 10)),
+        Command("git_status_cold", ["git", "status", "--porcelain"], cold=True, iterations=(1, 3)),
+        Command("tar_warm", ["bash", "-o", "pipefail", "-c", "tar cf - . | cat > /dev/null"],
+                cold=False, iterations=(1, 5)),
+        Command("tar_cold", ["bash", "-o", "pipefail", "-c", "tar cf - . | cat > /dev/null"],
+                cold=True, iterations=(1, 3)),
+        HistoryLength(0),
+        Checkpoint(),
+        Restore(),
+        HistoryLength(1),
+    ]
+

@@ -1,0 +1,328 @@
+"""The `overlayckpt` command line.
+
+Exit status: 0 ok, 1 failed (one line on stderr: what, why, what to do), 2 usage.
+Commands on a session talk to its daemon through `.overlayckpt/ctl` when it is
+mounted, or open its store directly (`--store`) when it is not.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from . import client
+from .errors import FsError, UserError
+from .records import DEFAULT_BLOCK_SIZE
+from .session import default_store_dir, read_info
+
+READY_TIMEOUT = 30.0
+
+
+def _mount_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-size", type=int, default=None,
+                   help=f"block size of a new store (default {DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--window", type=float, default=None,
+                   help="seconds of idleness that end an automatic checkpoint (0: one per operation)")
+    p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--mount", default=argparse.SUPPRESS,
+                        help="the session's mountpoint (default: $OVERLAYCKPT_MOUNT or the mount "
+                             "containing the current directory)")
+    common.add_argument("--store", default=argparse.SUPPRESS,
+                        help="the session's store directory (works on unmounted sessions)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON document")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    p = argparse.ArgumentParser(prog="overlayckpt", parents=[common],
+                                description="Checkpointing overlay for coding agents")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    real_add = sub.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return real_add(name, parents=[common], **kw)
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+
+    m = sub.add_parser("mount", help="mount REPO (in place, or at MOUNTPOINT)")
+    m.add_argument("repo")
+    m.add_argument("mountpoint", nargs="?")
+    m.add_argument("--foreground", action="store_true", help="serve in this process (debugging)")
+    m.add_argument("--apply", dest="apply", action="store_true", default=None,
+                   help="write the live state into the repo at unmount")
+    m.add_argument("--no-apply", dest="apply", action="store_false")
+    _mount_args(m)
+
+    u = sub.add_parser("unmount", help="unmount (in place: applies to the repo unless --no-apply)")
+    u.add_argument("mountpoint", nargs="?")
+    u.add_argument("--apply", dest="apply", action="store_true", default=None)
+    u.add_argument("--no-apply", dest="apply", action="store_false")
+
+    r = sub.add_parser("run", help="mount, run CMD inside, unmount, exit with CMD's status")
+    r.add_argument("--repo", default=".")
+    r.add_argument("--apply", dest="apply", action="store_true", default=None)
+    r.add_argument("--no-apply", dest="apply", action="store_false")
+    r.add_argument("--private", action="store_true",
+                   help="only CMD and its children see the overlay (private mount namespace)")
+    _mount_args(r)
+    r.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    sub.add_parser("status", help="mount, repo, store, live checkpoint, counts")
+
+    from . import cli_timeline
+    cli_timeline.add_parsers(sub)
+    return p
+
+
+# -- finding the session ----------------------------------------------------
+
+def find_mount(explicit: str | None) -> str | None:
+    """The mountpoint of the session: --mount, $OVERLAYCKPT_MOUNT, or walking up from cwd."""
+    candidate = explicit or os.environ.get("OVERLAYCKPT_MOUNT")
+    if candidate:
+        if not os.path.exists(os.path.join(candidate, ".overlayckpt", "ctl")):
+            if os.path.isdir(candidate) and client.is_stale(candidate):
+                raise UserError(f"{candidate}: the daemon is gone (stale mount); "
+                                f"run 'overlayckpt mount' again to recover it")
+            raise UserError(f"{candidate} is not an overlayckpt mount: check --mount")
+        return os.path.abspath(candidate)
+    try:
+        d = os.getcwd()
+    except OSError:
+        raise UserError("the current directory is gone (stale mount?): cd elsewhere and retry") from None
+    while True:
+        if os.path.exists(os.path.join(d, ".overlayckpt", "ctl")):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+class Target:
+    """Where a command goes: a mounted daemon, or an unmounted store."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.mount: str | None = None
+        self.store: str | None = args.store
+        if args.store is None:
+            self.mount = find_mount(args.mount)
+            if self.mount is None:
+                raise UserError("no overlayckpt session here: cd into a mount, or pass --mount or --store")
+        elif not os.path.isdir(args.store):
+            raise UserError(f"no session store at {args.store}: check --store")
+
+    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        if self.mount is not None:
+            return client.send(self.mount, cmd)
+        info = read_info(self.store or "")
+        if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
+            return client.send(info["mountpoint"], cmd)
+        return client.offline(self.store or "", cmd)
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        out = text(result)
+        if out:
+            print(out)
+
+
+# -- mount / unmount / run --------------------------------------------------
+
+def resolve_repo(repo: str) -> str:
+    if not os.path.exists(repo):
+        raise UserError(f"repo {repo} does not exist: give the directory to overlay")
+    if not os.path.isdir(repo):
+        raise UserError(f"repo {repo} is not a directory: give the directory to overlay")
+    if not os.access(repo, os.R_OK | os.X_OK):
+        raise UserError(f"repo {repo} is not readable")
+    return os.path.realpath(repo)
+
+
+def prepare_mountpoint(mountpoint: str) -> None:
+    if client.is_stale(mountpoint):
+        logging.getLogger(__name__).info("clearing stale mount at %s", mountpoint)
+        subprocess.run(["fusermount3", "-uz", mountpoint], check=False, capture_output=True)
+    if not os.path.isdir(mountpoint):
+        raise UserError(f"mountpoint {mountpoint} is not a directory: create it first")
+    if os.path.exists(os.path.join(mountpoint, ".overlayckpt", "ctl")):
+        raise UserError(f"{mountpoint} is already an overlayckpt mount: unmount it first")
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    repo = resolve_repo(args.repo)
+    mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
+    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    prepare_mountpoint(mountpoint)
+    info = read_info(store)
+    if info.get("repo") and info["repo"] != repo:
+        raise UserError(f"store {store} belongs to repo {info['repo']}, not {repo}: pick another --store")
+    if info.get("pid") and client.pid_alive(info["pid"]):
+        raise UserError(f"store {store} is in use by daemon {info['pid']} at {info.get('mountpoint')}: "
+                        "unmount it first")
+    apply = args.apply if args.apply is not None else mountpoint == repo
+    if args.foreground:
+        from .mount import run_daemon
+        return run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
+                          apply_on_exit=apply, allow_other=args.allow_other)
+    spawn_daemon(repo, mountpoint, store, args, apply)
+    if not args.json:
+        print(f"mounted {repo} at {mountpoint} (store {store})")
+    else:
+        emit(args, {"repo": repo, "mountpoint": mountpoint, "store": store}, lambda r: "")
+    return 0
+
+
+def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
+    os.makedirs(store, mode=0o700, exist_ok=True)
+    logpath = os.path.join(store, "daemon.log")
+    argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
+            "--foreground", "--apply" if apply else "--no-apply"]
+    if args.block_size:
+        argv += ["--block-size", str(args.block_size)]
+    if args.window is not None:
+        argv += ["--window", str(args.window)]
+    if args.allow_other:
+        argv.append("--allow-other")
+    if args.verbose:
+        argv.insert(3, "--verbose")
+    with open(logpath, "ab") as logf:
+        start = logf.tell()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True, cwd="/")
+    deadline = time.monotonic() + READY_TIMEOUT
+    ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(_last_error(logpath, start) or f"daemon exited with status {proc.returncode}")
+        if os.path.exists(ctl):
+            return
+        time.sleep(0.02)
+    proc.terminate()
+    raise UserError(f"mount did not answer within {READY_TIMEOUT:.0f} s; see {logpath}")
+
+
+def _last_error(logpath: str, start: int) -> str:
+    with open(logpath, "rb") as f:
+        f.seek(start)
+        lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].removeprefix("overlayckpt: ") if lines else ""
+
+
+def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
+    status = client.send(mountpoint, {"cmd": "status"})
+    if apply is not None:
+        client.send(mountpoint, {"cmd": "set_apply", "apply": apply})
+    proc = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fusermount3 failed"
+        raise UserError(f"cannot unmount {mountpoint}: {why} (close programs using it, e.g. 'fuser -m')")
+    pid = status.get("pid")
+    deadline = time.monotonic() + 600
+    while pid and client.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return status
+
+
+def cmd_unmount(args: argparse.Namespace) -> int:
+    mountpoint = args.mountpoint or args.mount
+    if mountpoint and client.is_stale(mountpoint):
+        subprocess.run(["fusermount3", "-uz", mountpoint], check=False, capture_output=True)
+        print(f"cleared stale mount at {mountpoint}", file=sys.stderr)
+        return 0
+    target = find_mount(mountpoint)
+    if target is None:
+        raise UserError("no overlayckpt mount here: give the mountpoint")
+    status = unmount(target, args.apply)
+    applied = args.apply if args.apply is not None else status.get("apply_on_unmount")
+    if not args.json:
+        print(f"unmounted {target}" + (f"; applied to {status['repo']}" if applied else ""))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UserError("run needs a command: overlayckpt run -- CMD ...")
+    repo = resolve_repo(args.repo)
+    if args.private and not os.environ.get("OVERLAYCKPT_PRIVATE"):
+        if not shutil.which("unshare"):
+            raise UserError("--private needs unshare(1) (util-linux)")
+        argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
+        env = dict(os.environ, OVERLAYCKPT_PRIVATE="1")
+        return subprocess.call(["unshare", "-m", "--propagation", "private", "--"] + argv, env=env)
+    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    prepare_mountpoint(repo)
+    apply = args.apply if args.apply is not None else not args.private
+    spawn_daemon(repo, repo, store, args, apply)
+    try:
+        env = dict(os.environ, OVERLAYCKPT_MOUNT=repo)
+        try:
+            status = subprocess.call(cmd, cwd=repo, env=env)
+        except OSError as e:
+            raise UserError(f"cannot run {cmd[0]}: {e.strerror}") from None
+    finally:
+        unmount(repo, apply)
+    return status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    result = Target(args).call({"cmd": "status"})
+    result.pop("ok", None)
+    emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "mount": cmd_mount, "unmount": cmd_unmount, "run": cmd_run, "status": cmd_status,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name, default in (("mount", None), ("store", None), ("json", False), ("verbose", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="overlayckpt: %(levelname)s %(name)s: %(message)s")
+    from . import cli_timeline
+    handler = HANDLERS.get(args.command) or cli_timeline.HANDLERS[args.command]
+    try:
+        return handler(args)
+    except UserError as e:
+        print(f"overlayckpt: {e}", file=sys.stderr)
+        return 1
+    except FsError as e:
+        print(f"overlayckpt: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            print("overlayckpt: the mount's daemon is gone (stale mount): run 'overlayckpt mount' "
+                  "again to recover", file=sys.stderr)
+            return 1
+        print(f"overlayckpt: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The CLI's side of the control channel, and the offline path for unmounted stores."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+
+import trio
+
+from .errors import UserError
+
+
+def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Write one command to the daemon's ctl file and return its JSON reply."""
+    path = os.path.join(mountpoint, ".overlayckpt", "ctl")
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise UserError(f"{mountpoint}: the daemon is gone (stale mount); run 'overlayckpt mount' "
+                            "again to recover it") from None
+        raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
+    try:
+        try:
+            os.write(fd, (json.dumps(cmd) + "\n").encode())
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise UserError(f"daemon at {mountpoint} failed: {e.strerror}") from None
+        chunks = []
+        while True:
+            chunk = os.pread(fd, 1 << 20, sum(len(c) for c in chunks))
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    lines = b"".join(chunks).decode().strip().splitlines()
+    if not lines:
+        raise UserError(f"daemon at {mountpoint} gave no reply")
+    reply = json.loads(lines[-1])
+    if not reply.get("ok"):
+        raise UserError(reply.get("error", "failed"))
+    reply.pop("ok", None)
+    return reply
+
+
+def offline(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Run one command on an unmounted session by opening its store here."""
+    from .session import Session
+    session = Session.open(store_dir)
+    try:
+        return trio.run(session.command, cmd)
+    finally:
+        session.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def is_stale(path: str) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False

@@ -1,0 +1,25 @@
+"""Exceptions the core raises; the FUSE adapter and the CLI translate them."""
+from __future__ import annotations
+
+import errno
+import os
+
+
+class FsError(Exception):
+    """A filesystem operation failed with a POSIX errno."""
+
+    def __init__(self, err: int, msg: str = "") -> None:
+        super().__init__(msg or os.strerror(err))
+        self.errno = err
+
+
+class UserError(Exception):
+    """A user mistake: one line of explanation, exit status 1, nothing changed."""
+
+
+class StoreLocked(UserError):
+    pass
+
+
+def enoent(msg: str = "") -> FsError:
+    return FsError(errno.ENOENT, msg)

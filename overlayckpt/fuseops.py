@@ -1,0 +1,387 @@
+"""The pyfuse3 adapter: the only place that speaks FUSE and translates errors.
+
+Each handler calls one synchronous core operation; FsError becomes the
+matching errno, any other exception is logged and answered with EIO (a dead
+mount would let the agent write straight into the repo, unrecorded).
+Inodes at or above CONTROL_INO_BASE belong to the control directory.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from .control import ControlFs, VirtualAttr
+from .errors import FsError
+from .journal import Caller
+from .overlay import Overlay
+from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
+
+log = logging.getLogger(__name__)
+
+# The daemon is the only writer of what it serves and invalidates the kernel
+# caches itself when it changes something on its own (restore), so the kernel
+# may keep entries and attributes for a long time.
+CACHE_TIMEOUT = 3600.0
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def translate_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except FsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class Handle:
+    ino: int
+    caller: Caller
+    control: Any = None  # a control-file handle for control inodes
+
+
+class Comms:
+    """pid -> process name, for the journal (a write request carries no pid)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, str] = {}
+
+    def caller(self, pid: int) -> Caller:
+        comm = self._cache.get(pid)
+        if comm is None:
+            try:
+                with open(f"/proc/{pid}/comm", "rb") as f:
+                    comm = f.read().strip().decode(errors="replace")
+            except OSError:
+                comm = "?"
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[pid] = comm
+        return Caller(pid, comm)
+
+
+def entry_attrs(ino: int, node: Node, block_size: int) -> pyfuse3.EntryAttributes:
+    a = pyfuse3.EntryAttributes()
+    a.st_ino = ino
+    a.generation = 0
+    a.entry_timeout = CACHE_TIMEOUT
+    a.attr_timeout = CACHE_TIMEOUT
+    a.st_mode = node.mode
+    a.st_nlink = max(node.nlink, 0)
+    a.st_uid = node.uid
+    a.st_gid = node.gid
+    a.st_rdev = node.rdev
+    a.st_size = node.size
+    a.st_blksize = block_size
+    a.st_blocks = (node.size + 511) // 512
+    a.st_atime_ns = node.atime_ns
+    a.st_mtime_ns = node.mtime_ns
+    a.st_ctime_ns = node.ctime_ns
+    return a
+
+
+def virtual_attrs(v: VirtualAttr) -> pyfuse3.EntryAttributes:
+    a = pyfuse3.EntryAttributes()
+    a.st_ino = v.ino
+    a.entry_timeout = 0
+    a.attr_timeout = 0
+    a.st_mode = v.mode
+    a.st_nlink = 2 if stat.S_ISDIR(v.mode) else 1
+    a.st_uid = os.getuid()
+    a.st_gid = os.getgid()
+    a.st_size = v.size
+    a.st_blksize = 4096
+    a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = v.mtime_ns
+    return a
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = True
+
+    def __init__(self, overlay: Overlay, control: ControlFs) -> None:
+        super().__init__()
+        self.ov = overlay
+        self.ctl = control
+        self.comms = Comms()
+        self.handles: dict[int, Handle] = {}
+        self.dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]] | None] = {}
+        self._next_fh = 1
+
+    # -- helpers --------------------------------------------------------------
+
+    def _attrs(self, ino: int, node: Node | None = None) -> pyfuse3.EntryAttributes:
+        if node is None:
+            node = self.ov.live(lambda r: self.ov.node(r, ino))
+        return entry_attrs(ino, node, self.ov.bs)
+
+    def _fh(self, handle: Handle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = handle
+        return fh
+
+    def _caller(self, ctx: pyfuse3.RequestContext) -> Caller:
+        return self.comms.caller(ctx.pid)
+
+    @staticmethod
+    def _no_control(ino: int) -> None:
+        if ino >= CONTROL_INO_BASE:
+            raise FsError(errno.EPERM)
+
+    # -- lookups and attributes -----------------------------------------------
+
+    @translate_errors
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+                     ) -> pyfuse3.EntryAttributes:
+        if parent_inode >= CONTROL_INO_BASE or (parent_inode == ROOT_INO and name == CONTROL_NAME):
+            return await self.ctl.lookup(parent_inode, name)
+        if name == b".":
+            return self._attrs(parent_inode)
+        if name == b"..":
+            parent = self.ov.parents.get(parent_inode, (ROOT_INO, b""))[0]
+            return self._attrs(parent)
+
+        def fn(r: Any) -> tuple[int, Node]:
+            ino = self.ov.lookup(r, parent_inode, name)
+            return ino, self.ov.node(r, ino)
+        try:
+            ino, node = self.ov.live(fn)
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            neg = pyfuse3.EntryAttributes()
+            neg.st_ino = 0
+            neg.entry_timeout = CACHE_TIMEOUT
+            return neg
+        return self._attrs(ino, node)
+
+    @translate_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if inode >= CONTROL_INO_BASE:
+            return await self.ctl.getattr(inode)
+        return self._attrs(inode)
+
+    @translate_errors
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+                      fh: int | None, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if inode >= CONTROL_INO_BASE:
+            return await self.ctl.setattr(inode)
+        caller = self.handles[fh].caller if fh in self.handles else self._caller(ctx)
+        node = self.ov.setattr(
+            caller, inode,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
+        return self._attrs(inode, node)
+
+    @translate_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode >= CONTROL_INO_BASE:
+            return await self.ctl.readlink(inode)
+        return self.ov.live(lambda r: self.ov.readlink(r, inode, self.ov.node(r, inode)))
+
+    @translate_errors
+    async def forget(self, inode_list: Any) -> None:
+        return None
+
+    # -- namespace ------------------------------------------------------------
+
+    def _create(self, parent: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext,
+                rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
+        self._no_control(parent)
+        return self.ov.create(self._caller(ctx), parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+
+    @translate_errors
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attrs(*self._create(parent_inode, name, mode, ctx, rdev))
+
+    @translate_errors
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+                    ) -> pyfuse3.EntryAttributes:
+        return self._attrs(*self._create(parent_inode, name, stat.S_IFDIR | (mode & 0o7777), ctx))
+
+    @translate_errors
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+                      ) -> pyfuse3.EntryAttributes:
+        return self._attrs(*self._create(parent_inode, name, stat.S_IFLNK | 0o777, ctx, 0, target))
+
+    @translate_errors
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        ino, node = self._create(parent_inode, name, stat.S_IFREG | (mode & 0o7777), ctx)
+        fh = self._fh(Handle(ino, self._caller(ctx)))
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attrs(ino, node)
+
+    @translate_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(parent_inode)
+        self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=False)
+
+    @translate_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(parent_inode)
+        self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=True)
+
+    @translate_errors
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(parent_inode_old)
+        self._no_control(parent_inode_new)
+        self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @translate_errors
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._no_control(inode)
+        self._no_control(new_parent_inode)
+        node = self.ov.link(self._caller(ctx), inode, new_parent_inode, new_name)
+        return self._attrs(inode, node)
+
+    # -- files ----------------------------------------------------------------
+
+    @translate_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if inode >= CONTROL_INO_BASE:
+            handle = Handle(inode, self._caller(ctx), await self.ctl.open(inode, flags))
+            return pyfuse3.FileInfo(fh=self._fh(handle), direct_io=True, keep_cache=False)
+        caller = self._caller(ctx)
+        node = self.ov.live(lambda r: self.ov.node(r, inode))
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and node.is_reg and node.size:
+            # the kernel passes O_TRUNC on to us; ignoring it would keep the old data
+            self.ov.setattr(caller, inode, size=0)
+        return pyfuse3.FileInfo(fh=self._fh(Handle(inode, caller)), keep_cache=True)
+
+    @translate_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self.handles[fh]
+        if h.control is not None:
+            return await self.ctl.read(h.control, off, size)
+        ino = h.ino
+        return self.ov.live(lambda r: self.ov.read(r, ino, self.ov.node(r, ino), off, size))
+
+    @translate_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        if h.control is not None:
+            return await self.ctl.write(h.control, off, buf)
+        return self.ov.write(h.caller, h.ino, off, buf)
+
+    @translate_errors
+    async def flush(self, fh: int) -> None:
+        return None
+
+    @translate_errors
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is not None and h.control is not None:
+            await self.ctl.release(h.control)
+
+    @translate_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        self.ov.store.sync()
+
+    # -- directories ----------------------------------------------------------
+
+    @translate_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        fh = self._fh(Handle(inode, self._caller(ctx)))
+        self.dirs[fh] = None
+        return fh
+
+    def _listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+        if ino >= CONTROL_INO_BASE:
+            raise AssertionError("control listings go through ControlFs")
+
+        def fn(r: Any) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+            parent = self.ov.parents.get(ino, (ROOT_INO, b""))[0] if ino != ROOT_INO else ROOT_INO
+            out = [(b".", self._attrs(ino, self.ov.node(r, ino))),
+                   (b"..", self._attrs(parent, self.ov.node(r, parent)))]
+            for name, child, cnode in self.ov.entries(r, ino):
+                out.append((name, self._attrs(child, cnode or self.ov.node(r, child))))
+            return out
+        return self.ov.live(fn)
+
+    @translate_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        listing = self.dirs.get(fh)
+        if listing is None or start_id == 0:
+            ino = self.handles[fh].ino
+            listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
+            self.dirs[fh] = listing
+        for i in range(start_id, len(listing)):
+            name, attrs = listing[i]
+            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
+                return
+
+    @translate_errors
+    async def releasedir(self, fh: int) -> None:
+        self.handles.pop(fh, None)
+        self.dirs.pop(fh, None)
+
+    @translate_errors
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        self.ov.store.sync()
+
+    @translate_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        st = os.statvfs(self.ov.store.path)
+        d = pyfuse3.StatvfsData()
+        d.f_bsize = self.ov.bs
+        d.f_frsize = st.f_frsize
+        d.f_blocks = st.f_blocks
+        d.f_bfree = st.f_bfree
+        d.f_bavail = st.f_bavail
+        d.f_files = st.f_files
+        d.f_ffree = st.f_ffree
+        d.f_favail = st.f_favail
+        d.f_namemax = 255
+        return d
+
+    # -- xattrs ---------------------------------------------------------------
+
+    @translate_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode >= CONTROL_INO_BASE:
+            raise FsError(errno.ENODATA)
+        return self.ov.live(lambda r: self.ov.getxattr(r, inode, self.ov.node(r, inode), name))
+
+    @translate_errors
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        if inode >= CONTROL_INO_BASE:
+            return []
+        return list(self.ov.live(lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode))))
+
+    @translate_errors
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(inode)
+        self.ov.setxattr(self._caller(ctx), inode, name, value)
+
+    @translate_errors
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(inode)
+        self.ov.setxattr(self._caller(ctx), inode, name, None)

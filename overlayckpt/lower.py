@@ -1,0 +1,201 @@
+"""Read-only access to the lower directory (the repo) through one directory fd.
+
+The fd is opened before the overlay is mounted, so an in-place mount can still
+reach the hidden repo. Every path is resolved with openat2(RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS): nothing here ever follows a symlink or leaves the repo.
+Paths are bytes relative to the repo root; b"" is the root itself.
+
+`Lower` also consults the store's pinned table: when `apply` is about to change
+a lower entry, its original content is pinned into the store first, and from
+then on this module answers for that path from the pin, so checkpoints that
+still refer to the original lower entry keep seeing exactly what it was.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Callable
+
+from .errors import FsError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share it
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2_beneath(dirfd: int, path: bytes, flags: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0, _RESOLVE)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, path or b".", ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise FsError(err, f"{path!r}: {os.strerror(err)}")
+    return fd
+
+
+def split(path: bytes) -> tuple[bytes, bytes]:
+    head, _, tail = path.rpartition(b"/")
+    return head, tail
+
+
+def join(parent: bytes, name: bytes) -> bytes:
+    return parent + b"/" + name if parent else name
+
+
+# Pins: path -> (stat-like tuple, data) provided by the store (see apply.py).
+PinLookup = Callable[[bytes], "Pin | None"]
+
+
+class Pin:
+    """The original state of one lower entry, kept in the store."""
+
+    __slots__ = ("st", "entries", "read", "target", "xattrs")
+
+    def __init__(self, st: os.stat_result, entries: list[bytes] | None,
+                 read: Callable[[int, int], bytes] | None, target: bytes | None,
+                 xattrs: dict[bytes, bytes]) -> None:
+        self.st, self.entries, self.read, self.target, self.xattrs = st, entries, read, target, xattrs
+
+
+class Lower:
+    """The repo as it was when the session first saw it."""
+
+    def __init__(self, root: str, pins: PinLookup | None = None) -> None:
+        self.root_path = os.path.abspath(root)
+        try:
+            self.fd = os.open(self.root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO, f"cannot open repo {root}: {e.strerror}") from None
+        self.root_st = os.fstat(self.fd)
+        self.pins = pins
+        self._dirfds: OrderedDict[bytes, int] = OrderedDict()
+
+    def close(self) -> None:
+        for fd in self._dirfds.values():
+            os.close(fd)
+        self._dirfds.clear()
+        os.close(self.fd)
+
+    def _dirfd(self, path: bytes) -> int:
+        """A cached fd of a lower directory (the repo is read-only while mounted)."""
+        if not path:
+            return self.fd
+        fd = self._dirfds.get(path)
+        if fd is not None:
+            self._dirfds.move_to_end(path)
+            return fd
+        fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        self._dirfds[path] = fd
+        if len(self._dirfds) > 512:
+            os.close(self._dirfds.popitem(last=False)[1])
+        return fd
+
+    def _pin(self, path: bytes) -> Pin | None:
+        return self.pins(path) if self.pins is not None else None
+
+    def stat(self, path: bytes) -> os.stat_result:
+        pin = self._pin(path)
+        if pin is not None:
+            return pin.st
+        if not path:
+            return os.fstat(self.fd)
+        parent, name = split(path)
+        try:
+            return os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO) from None
+
+    def listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+        pin = self._pin(path)
+        if pin is not None:
+            out = []
+            for name in pin.entries or []:
+                try:
+                    out.append((name, self.stat(join(path, name))))
+                except FsError:
+                    pass
+            return out
+        fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            out = []
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = os.fsencode(entry.name)
+                    child = join(path, name)
+                    pin = self._pin(child)
+                    try:
+                        out.append((name, pin.st if pin else entry.stat(follow_symlinks=False)))
+                    except OSError:
+                        pass  # vanished behind our back
+            return out
+        finally:
+            os.close(fd)
+
+    def open_file(self, path: bytes) -> "LowerFile":
+        pin = self._pin(path)
+        if pin is not None and pin.read is not None:
+            return LowerFile(-1, pin.read)
+        return LowerFile(openat2_beneath(self.fd, path, os.O_RDONLY), None)
+
+    def readlink(self, path: bytes) -> bytes:
+        pin = self._pin(path)
+        if pin is not None:
+            return pin.target or b""
+        parent, name = split(path)
+        try:
+            return os.readlink(name, dir_fd=self._dirfd(parent))
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO) from None
+
+    def xattrs(self, path: bytes) -> dict[bytes, bytes]:
+        pin = self._pin(path)
+        if pin is not None:
+            return dict(pin.xattrs)
+        if not path:
+            proc = f"/proc/self/fd/{self.fd}"
+        else:
+            parent, name = split(path)
+            proc = f"/proc/self/fd/{self._dirfd(parent)}/{os.fsdecode(name)}"
+        out: dict[bytes, bytes] = {}
+        try:
+            for n in os.listxattr(proc, follow_symlinks=False):
+                try:
+                    out[os.fsencode(n)] = os.getxattr(proc, n, follow_symlinks=False)
+                except OSError:
+                    pass
+        except OSError as e:
+            if e.errno not in (errno.ENOTSUP, errno.EPERM):
+                raise FsError(e.errno or errno.EIO) from None
+        return out
+
+
+class LowerFile:
+    """An open lower file, or a pinned one served from the store."""
+
+    __slots__ = ("fd", "_read")
+
+    def __init__(self, fd: int, read: Callable[[int, int], bytes] | None) -> None:
+        self.fd, self._read = fd, read
+
+    def pread(self, size: int, off: int) -> bytes:
+        if self._read is not None:
+            return self._read(size, off)
+        return os.pread(self.fd, size, off)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def is_dir_mode(mode: int) -> bool:
+    return stat.S_ISDIR(mode)

@@ -1,0 +1,131 @@
+"""The daemon's composition root: build the parts, mount, serve, unmount, apply.
+
+Order matters for in-place mounts: the repo is opened as a directory fd
+(Session.open -> Lower) before the overlay is mounted on top of it.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+from typing import Any
+
+import pyfuse3
+import trio
+
+from .apply import apply_live
+from .control import ControlFs
+from .errors import UserError
+from .fuseops import Operations
+from .session import Session, read_info, write_info
+from .views import CheckpointViews
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL = 2.0  # seconds: what a power loss can cost without fsync
+
+
+def mount_options(allow_other: bool) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts |= {"fsname=overlayckpt", "subtype=overlayckpt", "default_permissions"}
+    if allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+class Daemon:
+    def __init__(self, session: Session, mountpoint: str) -> None:
+        self.session = session
+        self.mountpoint = mountpoint
+        session.invalidate = self.invalidate
+        session.flush_kernel = self.flush_kernel
+
+    async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
+        """Drop kernel caches of what a restore changed (in a thread: the kernel
+        may have to write dirty pages back to us before it can drop them)."""
+        def run() -> None:
+            for parent, name in entries:
+                try:
+                    pyfuse3.invalidate_entry(parent, name)
+                except OSError:
+                    pass  # the kernel never cached it
+            for ino in inodes:
+                try:
+                    pyfuse3.invalidate_inode(ino)
+                except OSError:
+                    pass
+        await trio.to_thread.run_sync(run)
+
+    async def flush_kernel(self) -> None:
+        """Have the kernel send us every dirty page before a restore."""
+        await trio.to_thread.run_sync(pyfuse3.syncfs, self.mountpoint)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await trio.sleep(SYNC_INTERVAL)
+            self.session.store.sync()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for _ in sigs:
+                log.info("signal received: unmounting")
+                pyfuse3.terminate()
+                return
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sync_loop)
+            nursery.start_soon(self._signals)
+            await pyfuse3.main(min_tasks=2, max_tasks=16)
+            nursery.cancel_scope.cancel()
+
+
+def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | None,
+               window: float | None, apply_on_exit: bool, allow_other: bool) -> int:
+    session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
+                           mountpoint=os.path.abspath(mountpoint))
+    session.apply_on_exit = apply_on_exit
+    daemon = Daemon(session, os.path.abspath(mountpoint))
+    ops = Operations(session.overlay, ControlFs(session, CheckpointViews(session)))
+    try:
+        pyfuse3.init(ops, mountpoint, mount_options(allow_other))
+    except RuntimeError as e:
+        session.close()
+        raise UserError(f"cannot mount on {mountpoint}: {e}") from None
+    info = read_info(store_dir)
+    info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
+    write_info(store_dir, info)
+    try:
+        trio.run(daemon.serve)
+    finally:
+        pyfuse3.close(unmount=True)
+        info = read_info(store_dir)
+        info.pop("pid", None)
+        info.pop("mountpoint", None)
+        write_info(store_dir, info)
+        try:
+            if session.apply_on_exit:
+                apply_live(session)
+        finally:
+            session.close()
+    return 0
+
+
+def is_stale(path: str) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
+def fuse_mounts() -> dict[str, str]:
+    """mountpoint -> fs type for every FUSE mount."""
+    out: dict[str, str] = {}
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2].startswith("fuse"):
+                out[parts[1].replace("\\040", " ")] = parts[2]
+    return out

@@ -1,0 +1,170 @@
+"""Identifiers, key encodings and record layouts shared by every layer.
+
+This is the bottom of the package: it imports nothing from overlayckpt. Every
+on-disk key and value is built and parsed here, so the schema is described in
+one place (see docs/design.md for the meaning of each table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import stat
+import struct
+from dataclasses import dataclass
+
+import msgpack
+
+FORMAT_VERSION = 1
+DEFAULT_BLOCK_SIZE = 4096
+
+ROOT_INO = 1
+# Inodes of lower entries are the lower st_ino + LOWER_INO_BIAS, so they are
+# stable across remounts without a store write per lookup. Inodes of entries
+# created in the overlay come from a persistent counter far above them.
+LOWER_INO_BIAS = 1
+FIRST_UPPER_INO = 1 << 48
+# Virtual inodes of the control directory: never stored, never journaled.
+CONTROL_INO_BASE = 1 << 62
+
+CONTROL_NAME = b".overlayckpt"
+WHITEOUT = b"\0" * 8  # dirent value that hides a lower entry
+ZERO_BLOCK = b""  # bmap value for a block known to be all zeros
+
+# Tables whose values the journal's undo entries describe.
+T_NODES, T_DIRENTS, T_BMAP, T_XATTRS = 1, 2, 3, 4
+TABLE_NAMES = {T_NODES: b"nodes", T_DIRENTS: b"dirents", T_BMAP: b"bmap", T_XATTRS: b"xattrs"}
+
+# Node flags.
+F_OPAQUE = 1  # directory: do not merge the lower directory's entries
+F_XATTRS_OWN = 2  # xattrs live entirely in the xattrs table (lower ones copied up)
+
+_U64 = struct.Struct(">Q")
+
+
+def u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def from_u64(b: bytes) -> int:
+    return _U64.unpack(b)[0]
+
+
+def dirent_key(parent: int, name: bytes) -> bytes:
+    return _U64.pack(parent) + name
+
+
+def bmap_key(ino: int, blockno: int) -> bytes:
+    return _U64.pack(ino) + _U64.pack(blockno)
+
+
+def xattr_key(ino: int, name: bytes) -> bytes:
+    return _U64.pack(ino) + name
+
+
+def lower_ino(st_ino: int) -> int:
+    return st_ino + LOWER_INO_BIAS
+
+
+@dataclass(slots=True)
+class Node:
+    """Attributes of one inode as the overlay shows it.
+
+    `origin` is the path of the lower entry this inode came from (None for an
+    entry created in the overlay); `lower_valid` is how many leading bytes of
+    that lower file still show through where the block map has no entry.
+    """
+
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+    rdev: int = 0
+    origin: bytes | None = None
+    lower_valid: int = 0
+    flags: int = 0
+    target: bytes | None = None  # symlink target
+
+    def pack(self) -> bytes:
+        return msgpack.packb(dataclasses.astuple(self))
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "Node":
+        return cls(*msgpack.unpackb(raw))
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def is_link(self) -> bool:
+        return stat.S_ISLNK(self.mode)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """One mutating operation: who, when, what, and the values it replaced.
+
+    `undo` lists (table, key, previous value or None for absent) in the order
+    the operation changed them; applying them in reverse restores the state
+    before the operation.
+    """
+
+    seq: int
+    time_ns: int
+    pid: int
+    comm: str
+    op: str
+    paths: tuple[str, ...]
+    changes: tuple[str, ...]  # one of A M D R per path
+    undo: tuple[tuple[int, bytes, bytes | None], ...]
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            [self.time_ns, self.pid, self.comm, self.op, list(self.paths), list(self.changes),
+             [list(u) for u in self.undo]]
+        )
+
+    @classmethod
+    def unpack(cls, seq: int, raw: bytes) -> "JournalRecord":
+        t, pid, comm, op, paths, changes, undo = msgpack.unpackb(raw)
+        return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes),
+                   tuple((u[0], u[1], u[2]) for u in undo))
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A named point of the timeline: the state after all journal records < seq."""
+
+    id: int
+    seq: int
+    start_seq: int  # first journal record of the changes this checkpoint closes
+    time_ns: int
+    kind: str  # auto, named, restore
+    name: str | None
+    message: str | None
+    pid: int
+    comm: str
+    restored_from: int | None = None
+
+    def pack(self) -> bytes:
+        return msgpack.packb([self.seq, self.start_seq, self.time_ns, self.kind, self.name,
+                              self.message, self.pid, self.comm, self.restored_from])
+
+    @classmethod
+    def unpack(cls, cid: int, raw: bytes) -> "Checkpoint":
+        return cls(cid, *msgpack.unpackb(raw))
+
+
+def pack_obj(obj: object) -> bytes:
+    return msgpack.packb(obj)
+
+
+def unpack_obj(raw: bytes) -> object:
+    return msgpack.unpackb(raw)
