@@ -295,7 +295,13 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    paths: list[str] = []
+    if "--" in argv and any(c in argv[:argv.index("--")] for c in ("diff", "restore")):
+        i = argv.index("--")
+        argv, paths = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    args.paths = paths
     for name, default in (("mount", None), ("store", None), ("json", False), ("verbose", False)):
         if not hasattr(args, name):
             setattr(args, name, default)

@@ -83,7 +83,8 @@ def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | Non
                    message: str | None, pid: int, comm: str, time_ns: int | None = None,
                    restored_from: int | None = None) -> Checkpoint:
     cid = w.next_counter(b"next_ckpt", 1)
-    ck = Checkpoint(cid, seq, start, time_ns or now_ns(), kind, name, message, pid, comm, restored_from)
+    ck = Checkpoint(cid, seq, start, time_ns or now_ns(), kind, name, message, pid, comm, restored_from,
+                    w.meta_int(b"conv_head", 0))
     w.put(b"ckpts", u64(cid), ck.pack(), append=True)
     if name:
         w.put(b"names", name.encode(), u64(cid))
@@ -106,3 +107,19 @@ def records(r: ReadTxn, start: int, end: int) -> list[JournalRecord]:
             break
         out.append(JournalRecord.unpack(seq, v))
     return out
+
+
+def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
+                  changes: tuple[str, ...], undo: list[tuple[int, bytes, bytes | None]],
+                  kind: str, restored_from: int | None = None) -> Checkpoint:
+    """Journal one operation as a checkpoint of its own (a restore), outside any group."""
+    close_open_group(w)
+    seq = next_seq(w)
+    if not undo:  # nothing changed in the code: the checkpoint still marks the step
+        return new_checkpoint(w, seq, seq, kind, None, None, caller.pid, caller.comm,
+                              restored_from=restored_from)
+    rec = JournalRecord(seq, now_ns(), caller.pid, caller.comm, op, paths, changes, tuple(undo))
+    w.put(b"journal", u64(seq), rec.pack(), append=True)
+    w.set_meta_int(b"seq", seq + 1)
+    return new_checkpoint(w, seq + 1, seq, kind, None, None, caller.pid, caller.comm,
+                          restored_from=restored_from)

@@ -109,6 +109,7 @@ class Overlay(Tree):
         """The node record of ino, created from the lower entry if it has none yet."""
         node = self.node(m, ino)
         if not self.has_record(m, ino):
+            node.parent = self.parents.get(ino, (0, b""))[0]
             m.put_node(ino, node)
         return node
 
@@ -143,6 +144,10 @@ class Overlay(Tree):
     def _link_entry(self, m: Mutation, parent: int, name: bytes, ino: int) -> None:
         m.put(T_DIRENTS, dirent_key(parent, name), u64(ino))
         self.parents[ino] = (parent, name)
+        node = self.node(m, ino)
+        if node.parent != parent:
+            node.parent = parent
+            m.put_node(ino, node)
 
     def _unlink_entry(self, m: Mutation, parent: int, pnode: Node, name: bytes) -> None:
         key = dirent_key(parent, name)
@@ -257,6 +262,7 @@ class Overlay(Tree):
                     self._touch_parent(m, p1)
                     if p2 != p1:
                         self._touch_parent(m, p2)
+                snode.parent, dnode.parent = p2, p1
                 self._save(m, src, snode)
                 self._save(m, dst, dnode)
                 m.touched(new_path, "R")
@@ -287,6 +293,7 @@ class Overlay(Tree):
                 self._touch_parent(m, p1)
                 if p2 != p1:
                     self._touch_parent(m, p2)
+            snode.parent = p2
             self._save(m, src, snode)
             m.touched(new_path, "R")
             m.touched(old_path, "<")

@@ -86,6 +86,7 @@ class Node:
     lower_valid: int = 0
     flags: int = 0
     target: bytes | None = None  # symlink target
+    parent: int = 0  # a directory that holds it (hint for pruning diff walks; 0: unknown)
 
     def pack(self) -> bytes:
         return msgpack.packb(dataclasses.astuple(self))
@@ -152,10 +153,11 @@ class Checkpoint:
     pid: int
     comm: str
     restored_from: int | None = None
+    conv_head: int = 0  # the last conversation line of the live branch at this checkpoint
 
     def pack(self) -> bytes:
         return msgpack.packb([self.seq, self.start_seq, self.time_ns, self.kind, self.name,
-                              self.message, self.pid, self.comm, self.restored_from])
+                              self.message, self.pid, self.comm, self.restored_from, self.conv_head])
 
     @classmethod
     def unpack(cls, cid: int, raw: bytes) -> "Checkpoint":

@@ -99,6 +99,7 @@ class Session:
         self.store.close()
 
     async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        from . import commands  # noqa: F401  (registers the timeline commands)
         name = cmd.get("cmd")
         handler = COMMANDS.get(name)  # type: ignore[arg-type]
         if handler is None:

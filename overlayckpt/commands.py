@@ -1,0 +1,207 @@
+"""Session commands on the timeline, answered in the daemon or offline alike.
+
+Each takes the command dict (as sent through the control file) and returns a
+JSON-able dict; a user mistake raises UserError with one line to show.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+from typing import Any
+
+from .errors import FsError, UserError
+from .journal import Caller, records
+from .patch import render, stat_lines
+from .records import Checkpoint
+from .session import Session, command
+from .store import ReadTxn
+from .timeline import Timeline
+
+def _caller() -> Caller:
+    return Caller(os.getpid(), "overlayckpt")
+
+
+def _iso(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _opt_str(cmd: dict[str, Any], key: str) -> str | None:
+    value = cmd.get(key)
+    if value is not None and not isinstance(value, str):
+        raise UserError(f'"{key}" must be a string')
+    return value
+
+
+def _paths(cmd: dict[str, Any]) -> list[str] | None:
+    paths = cmd.get("paths")
+    if paths is None:
+        return None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise UserError('"paths" must be a list of strings')
+    for p in paths:
+        if os.path.isabs(p) or ".." in p.split("/"):
+            raise UserError(f"path {p!r} must be relative to the mount root and without '..'")
+    return paths
+
+
+def collapse(recs: list[Any]) -> list[dict[str, str]]:
+    """Per path, the net change of a run of journal records (A M D R)."""
+    net: dict[str, str] = {}
+    for rec in recs:
+        for path, change in zip(rec.paths, rec.changes):
+            if change == "<":
+                before = net.pop(path, None)
+                net[path] = "D" if before != "A" else "gone"
+                continue
+            before = net.get(path)
+            if before == "A" and change == "D":
+                net[path] = "gone"
+            elif before in ("A",) and change in ("M", "R"):
+                pass
+            elif before == "D" and change in ("A", "R"):
+                net[path] = "M"
+            elif before == "gone" and change == "A":
+                net[path] = "A"
+            else:
+                net[path] = change if before is None or change != "M" else before
+    return [{"path": p, "change": c} for p, c in sorted(net.items()) if c != "gone"]
+
+
+def checkpoint_entry(r: ReadTxn, s: Session, ck: Checkpoint) -> dict[str, Any]:
+    recs = records(r, ck.start_seq, ck.seq)
+    files = collapse(recs) if ck.kind != "restore" else [
+        {"path": p, "change": "M"} for p in (recs[0].paths if recs else ())]
+    from .conversation import summary_before
+    summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
+    if ck.kind == "restore":
+        summary = f"restored checkpoint {ck.restored_from}"
+    if not summary:
+        summary = ck.message or describe(files) or ("session start" if ck.id == 0 else "no changes")
+    return {
+        "id": ck.id, "seq": ck.seq, "time": _iso(ck.time_ns), "kind": ck.kind, "name": ck.name,
+        "message": ck.message, "summary": summary, "files": files,
+        "process": {"pid": ck.pid, "comm": ck.comm}, "restored_from": ck.restored_from,
+    }
+
+
+def describe(files: list[dict[str, str]]) -> str:
+    words = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed"}
+    by: dict[str, list[str]] = {}
+    for f in files:
+        by.setdefault(words.get(f["change"], "changed"), []).append(os.path.basename(f["path"]))
+    parts = []
+    for verb, names in by.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{verb} {shown}")
+    return "; ".join(parts)
+
+
+@command("checkpoint")
+async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    ck = Timeline(s).checkpoint(_opt_str(cmd, "name"), _opt_str(cmd, "message"), _caller())
+    return {"id": ck.id, "name": ck.name, "seq": ck.seq}
+
+
+@command("log")
+async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s)
+    tl.seal()
+    limit = cmd.get("limit", 0)
+    if not isinstance(limit, int) or limit < 0:
+        raise UserError('"limit" must be a non-negative integer')
+    file = _opt_str(cmd, "file")
+
+    def fn(r: ReadTxn) -> list[dict[str, Any]]:
+        out = []
+        for ck in reversed(tl.all(r)):
+            entry = checkpoint_entry(r, s, ck)
+            if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
+                continue
+            out.append(entry)
+            if limit and len(out) >= limit:
+                break
+        return out
+    return {"checkpoints": s.store.read(fn)}
+
+
+@command("restore")
+async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    if "id" not in cmd:
+        raise UserError('restore needs "id" (a checkpoint id or name)')
+    what = cmd.get("what", "both")
+    if what not in ("code", "conversation", "both"):
+        raise UserError('"what" must be "code", "conversation" or "both"')
+    paths = _paths(cmd)
+    if paths is not None and what != "code":
+        if "what" in cmd and what != "code":
+            raise UserError("restoring chosen paths restores code only: drop --conversation/--both")
+        what = "code"
+    return await Timeline(s).restore(cmd["id"], _caller(), paths, what)
+
+
+@command("conversation")
+async def _conversation(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from .conversation import all_lines, live_lines
+    tl = Timeline(s)
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        if cmd.get("all"):
+            return {"lines": all_lines(r)}
+        if cmd.get("at") is not None:
+            return {"lines": live_lines(r, tl.get(r, cmd["at"]).conv_head)}
+        return {"lines": live_lines(r)}
+    return s.store.read(fn)
+
+
+def _two(s: Session, r: ReadTxn, tl: Timeline, cmd: dict[str, Any]) -> tuple[Checkpoint, Checkpoint | None]:
+    # without A: everything since the session started (checkpoint 0)
+    a = tl.get(r, cmd["a"] if cmd.get("a") is not None else 0)
+    b = tl.get(r, cmd["b"]) if cmd.get("b") is not None else None
+    return a, b
+
+
+@command("diff")
+async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s)
+    paths = _paths(cmd)
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        a, b = _two(s, r, tl, cmd)
+        changes = tl.changes(r, a, b, paths)
+        result: dict[str, Any] = {"a": a.id, "b": b.id if b else "live",
+                                  "files": [{"path": p, "change": c, "added": ad, "removed": rm}
+                                            for p, c, ad, rm in stat_lines(changes)]}
+        if not cmd.get("stat"):
+            result["patch"] = render(changes)
+        return result
+    return s.store.read(fn)
+
+
+@command("show")
+async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s)
+    path = _opt_str(cmd, "path")
+    if "id" not in cmd:
+        raise UserError('show needs "id"')
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        ck = tl.get(r, cmd["id"])
+        state = tl.state(r, ck)
+        ov = s.overlay
+        if path:
+            try:
+                ino = ov.resolve(state, path)
+            except FsError:
+                raise UserError(f"{path} does not exist at checkpoint {ck.id}") from None
+            node = ov.node(state, ino)
+            if node.is_dir:
+                names = [os.fsdecode(n) for n, _, _ in ov.entries(state, ino)]
+                return {"id": ck.id, "path": path, "type": "dir", "entries": names}
+            data = ov.readlink(state, ino, node) if node.is_link else ov.read_all(state, ino, node)
+            return {"id": ck.id, "path": path, "type": "symlink" if node.is_link else "file",
+                    "mode": node.mode, "content_b64": base64.b64encode(data).decode()}
+        files = [{"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
+                  "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)]
+        return {"id": ck.id, "files": files}
+    return s.store.read(fn)

@@ -1,0 +1,814 @@
+"""Differential POSIX tests: the same operations on a native directory and on the mount.
+
+The hypothesis state machines apply random operation sequences to a native copy of
+the sample repo and to the same repo seen through the mount, and after every step
+compare the trees (names, types, modes, sizes, contents, file link counts, symlink
+targets, user.* xattrs) and the outcome (value or errno) of every operation.
+
+Mounting is slow, so there is one mount per test function: its lower holds many
+copies of the sample repo and every hypothesis example works on a fresh one (a
+lower copy, so renames and copy-up of lower directories are exercised). At the
+end the mount is unmounted and mounted again, and every example's final tree must
+have survived (the data reached the store, not only the kernel's page cache).
+
+Set OVERLAYCKPT_HYPOTHESIS_RANDOM=1 to explore new random sequences; by default
+the examples are derandomized so that the suite gives the same answer every run.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from conftest import Mount, make_repo, tree_digest
+from helpers_diff import RENAME_EXCHANGE, RENAME_NOREPLACE, outcome, renameat2, unmount, wait_until
+
+N_LOWER = 40
+
+HYPOTHESIS_SETTINGS = settings(
+    max_examples=25,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=not os.environ.get("OVERLAYCKPT_HYPOTHESIS_RANDOM"),
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    report_multiple_bugs=False,
+)
+
+# names the random paths are made of: the sample repo's own names (so that new
+# paths collide with existing ones) plus a few fresh ones
+NAMES = ["a", "b", "c", "d", "README.md", "hardlink.md", "link", "src", "pkg", "main.py",
+         "util.py", "docs", "guide.txt", "empty", "bin.dat", "run.sh"]
+FILE_MODES = st.sampled_from([0o644, 0o600, 0o755, 0o700, 0o444, 0o640])
+DIR_MODES = st.sampled_from([0o755, 0o700, 0o777, 0o750, 0o555])
+CHMOD_MODES = st.sampled_from([0o644, 0o600, 0o755, 0o700, 0o444, 0o000, 0o777, 0o1777, 0o640])
+OFFSETS = st.one_of(
+    st.integers(0, 20000),
+    st.sampled_from([4095, 4096, 4097, 8191, 65535, 65536, 65537, 131077, 1 << 20, (1 << 20) + 4095]),
+)
+SIZES = st.one_of(st.integers(0, 20000), st.sampled_from([0, 1, 4095, 4096, 4097, 65536, 300000]))
+CONTENT = st.one_of(st.binary(max_size=600), st.binary(min_size=4000, max_size=9000))
+XATTR_NAMES = st.sampled_from(["user.a", "user.b", "user.long.name"])
+XATTR_VALUES = st.one_of(st.binary(max_size=40), st.just(b""), st.binary(min_size=1000, max_size=3000))
+
+
+class DiffWorld:
+    """One mount for a whole test function, plus its native twin."""
+
+    def __init__(self, tmp_path: Path, mount_factory) -> None:
+        self.lower = tmp_path / "lower"
+        for i in range(N_LOWER):
+            make_repo(self.lower / f"ex{i:03d}")
+        make_repo(self.lower / "pristine")
+        self.lower_before = tree_digest(str(self.lower))
+        self.native = tmp_path / "native"
+        self.native.mkdir()
+        self.mount_factory = mount_factory
+        self.m: Mount = mount_factory(self.lower)
+        self.used: list[str] = []
+
+    def fresh(self) -> tuple[Path, Path]:
+        """A fresh copy of the sample repo on both sides, for one hypothesis example."""
+        i = len(self.used)
+        name = f"ex{i:03d}"
+        if i < N_LOWER:
+            src = self.lower / name  # already in the mount's lower
+        else:  # out of lower copies: an upper copy made through the mount
+            src = self.lower / "pristine"
+            subprocess.run(["cp", "-a", str(self.m.mnt / "pristine"), str(self.m.mnt / name)],
+                           check=True)
+        subprocess.run(["cp", "-a", str(src), str(self.native / name)], check=True)
+        self.used.append(name)
+        return self.native / name, self.m.mnt / name
+
+    def check_after_remount(self) -> None:
+        unmount(self.m.mnt)
+        assert tree_digest(str(self.lower)) == self.lower_before, "the lower changed"
+        self.m = self.mount_factory(self.lower)
+        for name in self.used:
+            assert tree_digest(str(self.m.mnt / name)) == tree_digest(str(self.native / name)), (
+                f"{name} differs from native after unmount and mount again")
+
+
+class NativeVsMount(RuleBasedStateMachine):
+    """Data operations on files; subclasses add the namespace operations."""
+
+    world: DiffWorld  # set by the test function before running
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.native, self.mnt = self.world.fresh()
+
+    # -- helpers --------------------------------------------------------------
+
+    def existing(self) -> list[str]:
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.native):
+            for n in dirnames + filenames:
+                out.append(os.path.relpath(os.path.join(dirpath, n), self.native))
+        return sorted(out)
+
+    def dirs(self) -> list[str]:
+        return [""] + [p for p in self.existing()
+                       if stat.S_ISDIR(os.lstat(self.native / p).st_mode)]
+
+    def pick(self, data, label: str = "path") -> str:
+        """A path: mostly an existing one, else a (maybe colliding) new name in a directory."""
+        existing = self.existing()
+        new = st.tuples(st.sampled_from(self.dirs()), st.sampled_from(NAMES)).map(
+            lambda t: os.path.join(*t) if t[0] else t[1])
+        strat = st.one_of(st.sampled_from(existing), st.sampled_from(existing), new) if existing else new
+        return data.draw(strat, label=label)
+
+    def both(self, fn) -> object:
+        """Run fn(root) natively and in the mount; outcomes must match."""
+        want = outcome(lambda: fn(self.native))
+        got = outcome(lambda: fn(self.mnt))
+        assert got == want, f"mount gave {got!r}, native gave {want!r}"
+        return want
+
+    @invariant()
+    def trees_equal(self) -> None:
+        native = tree_digest(str(self.native))
+        mounted = tree_digest(str(self.mnt))
+        if native != mounted:
+            diff = {k: (native.get(k), mounted.get(k)) for k in sorted(set(native) | set(mounted))
+                    if native.get(k) != mounted.get(k)}
+            raise AssertionError(f"trees differ (path: (native, mount)): {diff}")
+
+    # -- data rules ----------------------------------------------------------
+
+    @rule(data=st.data(), content=CONTENT, excl=st.booleans(), mode=FILE_MODES)
+    def create_write(self, data, content, excl, mode):
+        p = self.pick(data)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if excl else os.O_TRUNC)
+
+        def f(root):
+            fd = os.open(root / p, flags, mode)
+            try:
+                return os.write(fd, content), os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(max_size=200))
+    def open_trunc(self, data, content):
+        """O_TRUNC on an existing file: size 0 and nothing of the old content left."""
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_RDWR | os.O_TRUNC)
+            try:
+                size0 = os.fstat(fd).st_size
+                os.write(fd, content)
+                return size0, os.pread(fd, 1 << 20, 0)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=CONTENT, off=OFFSETS)
+    def pwrite(self, data, content, off):
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_WRONLY)
+            try:
+                return os.pwrite(fd, content, off), os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=CONTENT, off=OFFSETS)
+    def pwrite_then_pread_same_fd(self, data, content, off):
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_RDWR)
+            try:
+                os.pwrite(fd, content, off)
+                return os.pread(fd, len(content) + 100, max(0, off - 50))
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(max_size=5000), create=st.booleans())
+    def append(self, data, content, create):
+        p = self.pick(data)
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+
+        def f(root):
+            fd = os.open(root / p, flags, 0o644)
+            try:
+                os.write(fd, content)
+                return os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), size=SIZES, via_fd=st.booleans())
+    def truncate(self, data, size, via_fd):
+        p = self.pick(data)
+
+        def f(root):
+            if not via_fd:
+                return os.truncate(root / p, size)
+            fd = os.open(root / p, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, size)
+                return os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), off=OFFSETS, n=st.integers(0, 70000))
+    def read(self, data, off, n):
+        """Also covers opening a missing path (ENOENT) and reading a directory (EISDIR)."""
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_RDONLY)
+            try:
+                return os.pread(fd, n, off)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(min_size=1, max_size=3000))
+    def unlink_while_open(self, data, content):
+        """The open fd outlives the name: it still reads and writes, fstat says nlink-1."""
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_RDWR)
+            try:
+                os.unlink(root / p)
+                os.pwrite(fd, content, 10)
+                st_ = os.fstat(fd)
+                return st_.st_nlink, st_.st_size, os.pread(fd, 1 << 20, 0)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(max_size=3000))
+    def write_fsync(self, data, content):
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(max_size=3000), excl=st.booleans())
+    def exclusive_create(self, data, content, excl):
+        """O_CREAT|O_EXCL on an existing name (file, dir, symlink, dangling symlink) is EEXIST."""
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                return os.write(fd, content)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+
+class NamespaceMachine(NativeVsMount):
+    """Everything, with the namespace operations on top of the data ones."""
+
+    @rule(data=st.data())
+    def unlink(self, data):
+        p = self.pick(data)
+        self.both(lambda root: os.unlink(root / p))
+
+    @rule(data=st.data(), mode=DIR_MODES)
+    def mkdir(self, data, mode):
+        p = self.pick(data)
+        self.both(lambda root: os.mkdir(root / p, mode))
+
+    @rule(data=st.data())
+    def rmdir(self, data):
+        """Includes non-empty directories (ENOTEMPTY), files (ENOTDIR), missing (ENOENT)."""
+        p = self.pick(data)
+        self.both(lambda root: os.rmdir(root / p))
+
+    @rule(data=st.data(), flags=st.sampled_from([0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE]))
+    def rename(self, data, flags):
+        src = self.pick(data, "src")
+        dst = self.pick(data, "dst")
+        if flags == 0:
+            self.both(lambda root: os.rename(root / src, root / dst))
+        else:
+            self.both(lambda root: renameat2(root / src, root / dst, flags))
+
+    @rule(data=st.data(), flags=st.sampled_from([0, RENAME_NOREPLACE, RENAME_EXCHANGE]))
+    def rename_dir(self, data, flags):
+        """A directory (often a lower one with children) renamed somewhere, maybe over a dir."""
+        dirs = [d for d in self.dirs() if d]
+        if not dirs:
+            return
+        src = data.draw(st.sampled_from(dirs), label="src")
+        dst = data.draw(st.one_of(st.sampled_from(dirs), st.sampled_from(NAMES)), label="dst")
+        self.both(lambda root: renameat2(root / src, root / dst, flags))
+
+    @rule(data=st.data(), content=st.binary(min_size=1, max_size=300))
+    def rename_open_file(self, data, content):
+        """A file renamed while open: the fd keeps working on the renamed file."""
+        src = self.pick(data, "src")
+        dst = self.pick(data, "dst")
+
+        def f(root):
+            fd = os.open(root / src, os.O_RDWR)
+            try:
+                os.rename(root / src, root / dst)
+                os.pwrite(fd, content, 0)
+                return os.pread(fd, 1 << 20, 0)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), follow=st.booleans())
+    def link(self, data, follow):
+        src = self.pick(data, "src")
+        dst = self.pick(data, "dst")
+        self.both(lambda root: os.link(root / src, root / dst, follow_symlinks=follow))
+
+    @rule(data=st.data())
+    def symlink(self, data):
+        # targets stay inside the example: relative, no "..", so following one never
+        # leads out of the example directory (on either side)
+        existing = self.existing()
+        target = data.draw(st.one_of(st.sampled_from(NAMES), st.sampled_from(existing))
+                           if existing else st.sampled_from(NAMES), label="target")
+        p = self.pick(data)
+        self.both(lambda root: os.symlink(target, root / p))
+
+    @rule(data=st.data(), mode=CHMOD_MODES)
+    def chmod(self, data, mode):
+        p = self.pick(data)
+        self.both(lambda root: os.chmod(root / p, mode))
+
+    @rule(data=st.data(), mtime=st.integers(0, 2**33 * 10**9), follow=st.booleans())
+    def utime(self, data, mtime, follow):
+        """Only the outcome is compared: timestamps are not part of the tree comparison."""
+        p = self.pick(data)
+        self.both(lambda root: os.utime(root / p, ns=(mtime, mtime), follow_symlinks=follow))
+
+    @rule(data=st.data(), name=XATTR_NAMES, value=XATTR_VALUES,
+          flags=st.sampled_from([0, 0, os.XATTR_CREATE, os.XATTR_REPLACE]), follow=st.booleans())
+    def setxattr(self, data, name, value, flags, follow):
+        p = self.pick(data)
+        self.both(lambda root: os.setxattr(root / p, name, value, flags, follow_symlinks=follow))
+
+    @rule(data=st.data(), name=XATTR_NAMES, follow=st.booleans())
+    def removexattr(self, data, name, follow):
+        p = self.pick(data)
+        self.both(lambda root: os.removexattr(root / p, name, follow_symlinks=follow))
+
+    @rule(data=st.data(), name=XATTR_NAMES)
+    def getxattr(self, data, name):
+        p = self.pick(data)
+        self.both(lambda root: os.getxattr(root / p, name))
+
+    @rule(data=st.data())
+    def listxattr(self, data):
+        p = self.pick(data)
+        self.both(lambda root: sorted(n for n in os.listxattr(root / p) if n.startswith("user.")))
+
+    @rule(data=st.data())
+    def listdir(self, data):
+        p = self.pick(data)
+        self.both(lambda root: sorted(os.listdir(root / p)))
+
+    @rule(data=st.data())
+    def readlink(self, data):
+        p = self.pick(data)
+        self.both(lambda root: os.readlink(root / p))
+
+    @rule(data=st.data())
+    def stat_follow(self, data):
+        p = self.pick(data)
+
+        def f(root):
+            s = os.stat(root / p)
+            if stat.S_ISDIR(s.st_mode):
+                return s.st_mode
+            return s.st_mode, s.st_size, s.st_nlink
+        self.both(f)
+
+
+class DataMachine(NativeVsMount):
+    """File contents only, on a few files: offsets across blocks, holes, truncates."""
+
+    def pick(self, data, label: str = "path") -> str:
+        return data.draw(st.sampled_from(["README.md", "hardlink.md", "bin.dat", "docs/guide.txt",
+                                          "f0", "f1"]), label=label)
+
+    @rule(data=st.data())
+    def drop_page_cache(self, data):
+        """Evict clean cached pages so that reads go to the daemon, not the page cache."""
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_RDONLY)
+            try:
+                os.fsync(fd) if False else None
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        self.both(f)
+
+    @rule(data=st.data(), content=st.binary(min_size=1, max_size=70000), off=OFFSETS)
+    def big_pwrite(self, data, content, off):
+        p = self.pick(data)
+
+        def f(root):
+            fd = os.open(root / p, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                return os.pwrite(fd, content, off), os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        self.both(f)
+
+
+def _run_machine(machine: type[NativeVsMount], tmp_path: Path, mount_factory) -> None:
+    world = DiffWorld(tmp_path, mount_factory)
+    machine_cls = type(machine.__name__, (machine,), {"world": world})
+    run_state_machine_as_test(machine_cls, settings=HYPOTHESIS_SETTINGS)
+    world.check_after_remount()
+
+
+def test_differential_namespace_and_data(tmp_path: Path, mount_factory) -> None:
+    _run_machine(NamespaceMachine, tmp_path, mount_factory)
+
+
+def test_differential_file_data(tmp_path: Path, mount_factory) -> None:
+    _run_machine(DataMachine, tmp_path, mount_factory)
+
+
+# -- specific behaviours, one at a time -----------------------------------------
+
+
+def test_unlinked_open_file_still_readable(mounted: Mount) -> None:
+    p = mounted.mnt / "src" / "main.py"
+    want = p.read_bytes()
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.unlink(p)
+        assert not p.exists()
+        assert "main.py" not in os.listdir(mounted.mnt / "src")
+        assert os.fstat(fd).st_nlink == 0
+        assert os.pread(fd, 1 << 16, 0) == want
+        os.pwrite(fd, b"more", len(want))
+        assert os.pread(fd, 1 << 16, 0) == want + b"more"
+        assert os.fstat(fd).st_size == len(want) + 4
+    finally:
+        os.close(fd)
+    assert not p.exists()
+    # a new file of that name is a different file
+    p.write_bytes(b"new")
+    assert p.read_bytes() == b"new"
+
+
+def test_unlink_one_hard_link_of_open_file(mounted: Mount) -> None:
+    a, b = mounted.mnt / "README.md", mounted.mnt / "hardlink.md"
+    assert os.stat(a).st_nlink == 2
+    fd = os.open(a, os.O_RDWR)
+    try:
+        os.unlink(a)
+        assert os.fstat(fd).st_nlink == 1
+        os.pwrite(fd, b"X", 0)
+    finally:
+        os.close(fd)
+    assert b.read_bytes() == b"X demo\n\nhello\n"
+    assert os.stat(b).st_nlink == 1
+
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_o_trunc_really_truncates(mounted: Mount, mount_factory) -> None:
+    """FACTS.md: under writeback cache, an ignored O_TRUNC shows size 0 but keeps the data."""
+    p = mounted.mnt / "docs" / "guide.txt"
+    assert p.stat().st_size == 25000
+    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+    os.close(fd)
+    assert p.stat().st_size == 0
+    assert p.read_bytes() == b""
+    _drop_cache(p)
+    assert p.read_bytes() == b""
+    # a short write after O_TRUNC: nothing of the old content may come back
+    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, b"short\n")
+    os.close(fd)
+    assert p.read_bytes() == b"short\n"
+    # and the same after the daemon has served it from its store
+    unmount(mounted.mnt)
+    m = mount_factory(mounted.repo)
+    assert (m.mnt / "docs" / "guide.txt").read_bytes() == b"short\n"
+    assert (m.mnt / "docs" / "guide.txt").stat().st_size == 6
+
+
+def test_o_trunc_on_new_upper_file(mounted: Mount, mount_factory) -> None:
+    p = mounted.mnt / "new.bin"
+    p.write_bytes(os.urandom(100_000))
+    with open(p, "wb") as f:  # O_WRONLY|O_CREAT|O_TRUNC
+        f.write(b"x")
+    assert p.stat().st_size == 1
+    assert p.read_bytes() == b"x"
+    unmount(mounted.mnt)
+    m = mount_factory(mounted.repo)
+    assert (m.mnt / "new.bin").read_bytes() == b"x"
+
+
+def test_mmap_shared_write_then_fresh_open(mounted: Mount, mount_factory) -> None:
+    p = mounted.mnt / "bin.dat"
+    orig = p.read_bytes()
+    with open(p, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        assert mm[:256] == bytes(range(256))
+        mm[0:5] = b"HELLO"
+        mm[20000:20003] = b"ABC"
+        mm.flush()
+        mm.close()
+    want = b"HELLO" + orig[5:20000] + b"ABC" + orig[20003:]
+    with open(p, "rb") as f:
+        assert f.read() == want
+    # mmap read of a file written with write()
+    q = mounted.mnt / "src" / "pkg" / "util.py"
+    with open(q, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        assert mm[:] == b"def answer():\n    return 42\n"
+        mm.close()
+    unmount(mounted.mnt)
+    m = mount_factory(mounted.repo)
+    assert (m.mnt / "bin.dat").read_bytes() == want
+    assert (mounted.repo / "bin.dat").read_bytes() == orig
+
+
+def test_mmap_shared_write_new_file_grown_by_ftruncate(mounted: Mount) -> None:
+    p = mounted.mnt / "mapped.bin"
+    with open(p, "w+b") as f:
+        f.truncate(3 * 4096)
+        mm = mmap.mmap(f.fileno(), 3 * 4096, mmap.MAP_SHARED)
+        mm[4096:4100] = b"page"
+        mm.flush()
+        mm.close()
+    data = p.read_bytes()
+    assert len(data) == 3 * 4096
+    assert data[4096:4100] == b"page"
+    assert data.count(0) == 3 * 4096 - 4
+
+
+def test_sparse_200mib(mounted: Mount, mount_factory) -> None:
+    p = mounted.mnt / "sparse.bin"
+    off = 200 * 1024 * 1024
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert os.pwrite(fd, b"Z", off) == 1
+    finally:
+        os.close(fd)
+    assert p.stat().st_size == off + 1
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == b"\0" * 4096
+        assert os.pread(fd, 1 << 20, 100 * 1024 * 1024) == b"\0" * (1 << 20)
+        assert os.pread(fd, 10, off - 5) == b"\0" * 5 + b"Z"
+        assert os.pread(fd, 10, off + 1) == b""
+    finally:
+        os.close(fd)
+    unmount(mounted.mnt)
+    m = mount_factory(mounted.repo)
+    q = m.mnt / "sparse.bin"
+    assert q.stat().st_size == off + 1
+    fd = os.open(q, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 150 * 1024 * 1024) == b"\0" * (1 << 20)
+        assert os.pread(fd, 2, off - 1) == b"\0Z"
+    finally:
+        os.close(fd)
+
+
+def test_fsync_and_fdatasync_ok(mounted: Mount) -> None:
+    p = mounted.mnt / "synced.txt"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"durable\n")
+        os.fsync(fd)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(mounted.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    os.sync()
+    assert p.read_bytes() == b"durable\n"
+
+
+def test_statfs(mounted: Mount) -> None:
+    s = os.statvfs(mounted.mnt)
+    assert s.f_bsize > 0
+    assert s.f_blocks > 0
+    assert 0 <= s.f_bfree <= s.f_blocks
+    assert 0 <= s.f_bavail <= s.f_blocks
+    assert s.f_namemax >= 255
+    out = subprocess.run(["df", "-P", str(mounted.mnt)], capture_output=True, text=True, check=True)
+    assert str(mounted.mnt) in out.stdout
+
+
+def test_large_file_roundtrip(mounted: Mount, mount_factory) -> None:
+    data = random.Random(1234).randbytes(8 * 1024 * 1024 + 123)
+    p = mounted.mnt / "big.bin"
+    with open(p, "wb") as f:
+        # odd-sized writes, so nothing arrives page-aligned by accident
+        for i in range(0, len(data), 100_003):
+            f.write(data[i:i + 100_003])
+    assert p.stat().st_size == len(data)
+    assert p.read_bytes() == data
+    _drop_cache(p)
+    with open(p, "rb") as f:
+        f.seek(3_000_001)
+        assert f.read(1_000_000) == data[3_000_001:4_000_001]
+    unmount(mounted.mnt)
+    m = mount_factory(mounted.repo)
+    assert (m.mnt / "big.bin").read_bytes() == data
+
+
+def test_many_files_in_one_dir(mounted: Mount, tmp_path: Path) -> None:
+    native = tmp_path / "native-many"
+    native.mkdir()
+    d = mounted.mnt / "many"
+    d.mkdir()
+    for root in (native, d):
+        for i in range(2000):
+            (root / f"file-{i:05d}.txt").write_bytes(f"{i}\n".encode())
+    assert sorted(os.listdir(d)) == sorted(os.listdir(native))
+    assert len(os.listdir(d)) == 2000
+    # readdir with a fresh directory handle, through scandir and through ls
+    assert sorted(e.name for e in os.scandir(d)) == sorted(os.listdir(native))
+    ls = subprocess.run(["ls", "-1", "-f", str(d)], capture_output=True, text=True, check=True)
+    assert sorted(ls.stdout.split()) == sorted(os.listdir(native) + [".", ".."])
+    # removing every other file while listing stays consistent
+    for i in range(0, 2000, 2):
+        os.unlink(d / f"file-{i:05d}.txt")
+        os.unlink(native / f"file-{i:05d}.txt")
+    assert sorted(os.listdir(d)) == sorted(os.listdir(native))
+    assert tree_digest(str(d)) == tree_digest(str(native))
+
+
+def test_rename_lower_dir_with_children(mounted: Mount) -> None:
+    src = mounted.mnt / "src"
+    before = tree_digest(str(src))
+    os.rename(src, mounted.mnt / "source")
+    assert not src.exists()
+    assert tree_digest(str(mounted.mnt / "source")) == before
+    # the renamed directory is fully usable: new files, edits, listing
+    (mounted.mnt / "source" / "pkg" / "extra.py").write_text("x = 1\n")
+    assert sorted(os.listdir(mounted.mnt / "source" / "pkg")) == ["__init__.py", "extra.py", "util.py"]
+    # a new directory at the old name is empty: nothing of the lower shows through
+    src.mkdir()
+    assert os.listdir(src) == []
+
+
+def test_rename_errnos(mounted: Mount) -> None:
+    m = mounted.mnt
+    (m / "full").mkdir()
+    (m / "full" / "x").write_text("x")
+
+    def err(fn) -> str:
+        return outcome(fn)[1] if outcome(fn)[0] == "err" else "ok"
+    assert err(lambda: os.rename(m / "README.md", m / "docs")) == "EISDIR"
+    assert err(lambda: os.rename(m / "docs", m / "README.md")) == "ENOTDIR"
+    assert err(lambda: os.rename(m / "docs", m / "full")) == "ENOTEMPTY"
+    assert err(lambda: os.rename(m / "src", m / "src" / "pkg" / "inner")) == "EINVAL"
+    assert err(lambda: renameat2(m / "README.md", m / "bin.dat", RENAME_NOREPLACE)) == "EEXIST"
+    assert err(lambda: renameat2(m / "README.md", m / "nope", RENAME_EXCHANGE)) == "ENOENT"
+    assert err(lambda: renameat2(m / "a", m / "b", RENAME_NOREPLACE | RENAME_EXCHANGE)) == "EINVAL"
+    # rename a dir over an empty dir works
+    assert err(lambda: os.rename(m / "docs", m / "empty")) == "ok"
+    assert (m / "empty" / "guide.txt").stat().st_size == 25000
+    # exchange a file and a directory
+    assert err(lambda: renameat2(m / "README.md", m / "src", RENAME_EXCHANGE)) == "ok"
+    assert (m / "src").read_text() == "# demo\n\nhello\n"
+    assert (m / "README.md" / "main.py").exists()
+
+
+def test_rmdir_errnos(mounted: Mount) -> None:
+    m = mounted.mnt
+    assert outcome(lambda: os.rmdir(m / "src"))[1] == "ENOTEMPTY"
+    assert outcome(lambda: os.rmdir(m / "README.md"))[1] == "ENOTDIR"
+    assert outcome(lambda: os.rmdir(m / "missing"))[1] == "ENOENT"
+    assert outcome(lambda: os.rmdir(m / "empty")) == ("ok", None)
+    # a lower directory whose children were all removed can go
+    for n in os.listdir(m / "docs"):
+        os.unlink(m / "docs" / n)
+    os.rmdir(m / "docs")
+    assert not (m / "docs").exists()
+    (m / "docs").mkdir()
+    assert os.listdir(m / "docs") == []
+
+
+def test_exclusive_create_and_missing_open(mounted: Mount) -> None:
+    m = mounted.mnt
+    assert outcome(lambda: os.open(m / "README.md", os.O_CREAT | os.O_EXCL | os.O_WRONLY))[1] == "EEXIST"
+    assert outcome(lambda: os.open(m / "link", os.O_CREAT | os.O_EXCL | os.O_WRONLY))[1] == "EEXIST"
+    assert outcome(lambda: os.open(m / "nothing", os.O_RDONLY))[1] == "ENOENT"
+    assert outcome(lambda: os.open(m / "no" / "thing", os.O_CREAT | os.O_WRONLY))[1] == "ENOENT"
+    assert outcome(lambda: os.open(m / "README.md" / "x", os.O_RDONLY))[1] == "ENOTDIR"
+    assert outcome(lambda: os.open(m / "src", os.O_WRONLY))[1] == "EISDIR"
+    fd = os.open(m / "fresh", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+    os.close(fd)
+    assert stat.S_IMODE(os.stat(m / "fresh").st_mode) == 0o640 & ~_umask()
+
+
+def _umask() -> int:
+    u = os.umask(0)
+    os.umask(u)
+    return u
+
+
+def test_hard_links_and_symlinks(mounted: Mount) -> None:
+    m = mounted.mnt
+    os.link(m / "run.sh", m / "run2.sh")
+    assert os.stat(m / "run.sh").st_nlink == 2
+    assert os.stat(m / "run.sh").st_ino == os.stat(m / "run2.sh").st_ino
+    with open(m / "run2.sh", "a") as f:
+        f.write("echo more\n")
+    assert (m / "run.sh").read_text() == "#!/bin/sh\necho run\necho more\n"
+    assert stat.S_IMODE(os.stat(m / "run2.sh").st_mode) == 0o755
+    os.chmod(m / "run2.sh", 0o700)
+    assert stat.S_IMODE(os.stat(m / "run.sh").st_mode) == 0o700
+    assert outcome(lambda: os.link(m / "src", m / "src2"))[1] == "EPERM"
+    os.symlink("src/main.py", m / "sl")
+    assert os.readlink(m / "sl") == "src/main.py"
+    assert (m / "sl").read_text().startswith("import pkg.util")
+    os.symlink("dangling", m / "dl")
+    assert outcome(lambda: os.stat(m / "dl"))[1] == "ENOENT"
+    assert os.lstat(m / "dl").st_size == len("dangling")
+    # lower hard links stay linked after copy-up of one side
+    (m / "hardlink.md").write_text("changed\n")
+    assert (m / "README.md").read_text() == "changed\n"
+    assert os.stat(m / "README.md").st_ino == os.stat(m / "hardlink.md").st_ino
+
+
+def test_chmod_utime_xattr(mounted: Mount) -> None:
+    m = mounted.mnt
+    p = m / "README.md"
+    os.chmod(p, 0o600)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    os.utime(p, ns=(1_000_000_000, 2_000_000_123))
+    s = os.stat(p)
+    assert s.st_mtime_ns == 2_000_000_123
+    assert s.st_atime_ns == 1_000_000_000
+    os.setxattr(p, "user.k", b"v1")
+    assert os.getxattr(p, "user.k") == b"v1"
+    assert outcome(lambda: os.setxattr(p, "user.k", b"v2", os.XATTR_CREATE))[1] == "EEXIST"
+    assert outcome(lambda: os.setxattr(p, "user.z", b"v2", os.XATTR_REPLACE))[1] == "ENODATA"
+    os.setxattr(p, "user.k", b"v2", os.XATTR_REPLACE)
+    assert os.getxattr(m / "hardlink.md", "user.k") == b"v2"
+    assert "user.k" in os.listxattr(p)
+    os.removexattr(p, "user.k")
+    assert outcome(lambda: os.getxattr(p, "user.k"))[1] == "ENODATA"
+    assert outcome(lambda: os.removexattr(p, "user.k"))[1] == "ENODATA"
+    assert outcome(lambda: os.setxattr(m / "link", "user.k", b"v", follow_symlinks=False))[1] == "EPERM"
+
+
+def test_write_clears_setuid(mounted: Mount, tmp_path: Path) -> None:
+    """A write by anyone (root too) clears S_ISUID, as on a native filesystem."""
+    results = []
+    for root in (tmp_path, mounted.mnt):
+        p = root / "suid"
+        p.write_bytes(b"#!/bin/sh\n")
+        os.chmod(p, 0o4755)
+        with open(p, "ab") as f:
+            f.write(b"echo\n")
+        results.append(stat.S_IMODE(os.stat(p).st_mode))
+    assert results[1] == results[0]
+
+
+def test_remount_after_many_ops_waits_for_nothing(mounted: Mount) -> None:
+    """unmount returns only once the mount is gone (checked by wait_until, no sleeps)."""
+    (mounted.mnt / "x").write_text("x")
+    unmount(mounted.mnt)
+    wait_until(lambda: not (mounted.mnt / "README.md").exists(), what="mountpoint to be empty")
+    assert not (mounted.repo / "x").exists()
