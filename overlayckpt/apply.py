@@ -1,16 +1,294 @@
-"""Writing the live state (or a checkpoint) into the repo, and pinning the
-original lower entries it replaces so history keeps seeing them."""
+"""Writing the live state (or a checkpoint) into the repo.
+
+Only directories that hold something the overlay changed are visited (the
+ancestors of every inode with a node record and of every directory with
+dirents), so apply costs what changed, not the size of the repo.
+
+Before apply changes or removes any entry of the repo as the session first
+saw it, that entry is *pinned*: its attributes, its content (as blocks) or its
+listing go into the `pinned` table, and lower.py answers for that path from
+the pin from then on. So every checkpoint that still refers to the original
+repo keeps seeing it exactly, after any number of applies.
+
+Every write goes through the repo's directory fd with *at() calls and
+O_NOFOLLOW, never following a symlink out of the repo.
+"""
 from __future__ import annotations
 
-from .lower import Pin, PinLookup
-from .store import Store
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .errors import FsError
+from .lower import Pin, PinLookup, PinStat, join, openat2_beneath
+from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, u64
+from .store import ReadTxn, Store
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+def pin_key(path: bytes) -> bytes:
+    return b"/" + path  # LMDB keys cannot be empty, and the root's path is b""
 
 
 def pin_lookup(store: Store) -> PinLookup | None:
     if store.read(lambda r: r.count(b"pinned")) == 0:
         return None
-    return None
+    bs = store.block_size
+
+    def lookup(path: bytes) -> Pin | None:
+        raw = store.read(lambda r: r.get(b"pinned", pin_key(path)))
+        if raw is None:
+            return None
+        rec = msgpack.unpackb(raw)
+        st = PinStat(*rec["st"])
+        read = None
+        if rec.get("blocks") is not None:
+            blocks: list[bytes] = rec["blocks"]
+            size = st.st_size
+
+            def read(n: int, off: int) -> bytes:
+                end = min(size, off + n)
+                if off >= end:
+                    return b""
+                out = []
+                pos = off
+                while pos < end:
+                    b = pos // bs
+                    stop = min(end, (b + 1) * bs)
+                    data = store.read(lambda r: r.block(blocks[b]))
+                    out.append(data[pos - b * bs:stop - b * bs])
+                    pos = stop
+                return b"".join(out)
+        entries = rec.get("entries")
+        return Pin(st, None if entries is None else set(entries), read, rec.get("target"), rec.get("xattrs") or {})
+    return lookup
 
 
-def apply_live(session) -> None:  # type: ignore[no-untyped-def]
-    raise NotImplementedError
+class Applier:
+    def __init__(self, session: "Session") -> None:
+        self.s = session
+        self.ov = session.overlay
+        self.lower = session.lower
+        self.fd = session.lower.fd
+        self.written: dict[int, bytes] = {}  # inode -> path already written (hard links)
+        self.stats = {"written": 0, "removed": 0, "pinned": 0}
+
+    # -- pinning ----------------------------------------------------------------
+
+    def _pin(self, path: bytes, recursive: bool) -> None:
+        """Keep the original lower entry at path in the store before it changes."""
+        store = self.s.store
+        if store.read(lambda r: r.get(b"pinned", pin_key(path))) is not None:
+            return
+        try:
+            st = self.lower.stat(path)  # the original (already pinned parts answer from pins)
+        except FsError:
+            return  # not part of the original lower: nothing to keep
+        if self.lower.pins is not None and self.lower.pins(path) is not None:
+            return
+        rec: dict[str, Any] = {"st": PinStat.fields(st), "xattrs": self.lower.xattrs(path)}
+        if stat.S_ISDIR(st.st_mode):
+            entries = self.lower.listdir(path)
+            rec["entries"] = [name for name, _ in entries]
+            if recursive:
+                for name, _ in entries:
+                    self._pin(join(path, name), True)
+        elif stat.S_ISLNK(st.st_mode):
+            rec["target"] = self.lower.readlink(path)
+        elif stat.S_ISREG(st.st_mode):
+            f = self.lower.open_file(path)
+            try:
+                bs = store.block_size
+                blocks: list[bytes] = []
+                for off in range(0, st.st_size, bs):
+                    data = f.pread(bs, off)
+                    data += bytes(bs - len(data))
+                    blocks.append(store.write(lambda w, d=data: w.put_block(d)))
+                rec["blocks"] = blocks
+            finally:
+                f.close()
+        raw = msgpack.packb(rec)
+        store.write(lambda w: w.put(b"pinned", pin_key(path), raw))
+        self.stats["pinned"] += 1
+        if self.lower.pins is None:
+            self.lower.pins = pin_lookup(store)
+
+    def _pinned(self, path: bytes) -> bool:
+        """Whether the repo at path may differ from the original (an earlier apply changed it)."""
+        return self.lower.pins is not None and self.lower.pins(path) is not None
+
+    # -- walking ----------------------------------------------------------------
+
+    def dirty_dirs(self, state: Any, extra_nodes: list[int], extra_dirs: list[int]) -> set[int]:
+        """Directories whose subtree differs from the lower: ancestors of every changed inode."""
+        def fn(r: ReadTxn) -> tuple[list[int], list[int]]:
+            nodes = [from_u64(k) for k, _ in r.range_from(b"nodes")]
+            dirs = sorted({from_u64(k[:8]) for k, _ in r.range_from(b"dirents")})
+            return nodes, dirs
+        nodes, dirs = self.s.store.read(fn)
+        out: set[int] = {ROOT_INO}
+        for ino in set(nodes) | set(extra_nodes) | set(dirs) | set(extra_dirs):
+            seen = 0
+            while ino and ino not in out and seen < 4096:
+                raw = state.get(b"nodes", u64(ino))
+                node = Node.unpack(raw) if raw else None
+                if node is not None and node.is_dir:
+                    out.add(ino)
+                ino = node.parent if node else self.ov.parents.get(ino, (0, b""))[0]
+                seen += 1
+        return out
+
+    def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int]) -> dict[str, int]:
+        dirty = self.dirty_dirs(state, extra_nodes, extra_dirs)
+        self._sync_dir(state, ROOT_INO, b"", dirty, force=False)
+        self.lower_reset()
+        return self.stats
+
+    def lower_reset(self) -> None:
+        for fd in self.lower._dirfds.values():
+            os.close(fd)
+        self.lower._dirfds.clear()
+        for f in self.ov._lower_files.values():
+            f.close()
+        self.ov._lower_files.clear()
+
+    def _dirfd(self, path: bytes) -> int:
+        return openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _real_entries(self, dfd: int) -> dict[bytes, os.stat_result]:
+        out = {}
+        with os.scandir(dfd) as it:
+            for e in it:
+                out[os.fsencode(e.name)] = e.stat(follow_symlinks=False)
+        return out
+
+    def _remove(self, dfd: int, path: bytes, name: bytes, st: os.stat_result) -> None:
+        self._pin(path, recursive=True)
+        if stat.S_ISDIR(st.st_mode):
+            sub = openat2_beneath(dfd, name, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for child, cst in self._real_entries(sub).items():
+                    self._remove(sub, join(path, child), child, cst)
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=dfd)
+        else:
+            os.unlink(name, dir_fd=dfd)
+        self.stats["removed"] += 1
+
+    def _sync_dir(self, state: Any, ino: int, path: bytes, dirty: set[int], force: bool) -> None:
+        dfd = self._dirfd(path)
+        try:
+            want = {name: (child, cnode or self.ov.node(state, child))
+                    for name, child, cnode in self.ov.entries(state, ino)}
+            have = self._real_entries(dfd)
+            if path == b"":
+                have.pop(CONTROL_NAME, None)
+            if set(have) != set(want):
+                self._pin(path, recursive=False)
+            for name, st in have.items():
+                if name not in want:
+                    self._remove(dfd, join(path, name), name, st)
+            for name, (child, node) in sorted(want.items()):
+                self._sync_entry(state, dfd, path, name, child, node, have.get(name), dirty, force)
+        finally:
+            os.close(dfd)
+
+    def _sync_entry(self, state: Any, dfd: int, parent: bytes, name: bytes, ino: int, node: Node,
+                    st: os.stat_result | None, dirty: set[int], force: bool) -> None:
+        path = join(parent, name)
+        kind = stat.S_IFMT(node.mode)
+        if st is not None and stat.S_IFMT(st.st_mode) != kind:
+            self._remove(dfd, path, name, st)
+            st = None
+        if node.is_dir:
+            if st is None:
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                self.stats["written"] += 1
+            if st is None or stat.S_IMODE(st.st_mode) != stat.S_IMODE(node.mode):
+                if st is not None:
+                    self._pin(path, recursive=False)
+                os.chmod(name, stat.S_IMODE(node.mode), dir_fd=dfd, follow_symlinks=False)
+            if st is None or force or ino in dirty or node.origin != path or self._pinned(path):
+                self._sync_dir(state, ino, path, dirty, force=st is None or force or node.origin != path)
+            return
+        if node.is_link:
+            target = self.ov.readlink(state, ino, node)
+            if st is not None and os.readlink(name, dir_fd=dfd) == target:
+                return
+            if st is not None:
+                self._remove(dfd, path, name, st)
+            os.symlink(target, name, dir_fd=dfd)
+            self.stats["written"] += 1
+            return
+        if not node.is_reg:
+            if st is None:
+                os.mknod(name, node.mode, node.rdev, dir_fd=dfd)
+            return
+        if ino in self.written and st is None:
+            os.link(self.written[ino], name, src_dir_fd=self.fd, dst_dir_fd=dfd, follow_symlinks=False)
+            return
+        self.written.setdefault(ino, path)
+        if (st is not None and not self.ov.has_record(state, ino) and node.origin == path
+                and not self._pinned(path)):
+            return  # untouched original lower file at its own place
+        data = self.ov.read_all(state, ino, node)
+        if st is not None and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == stat.S_IMODE(node.mode):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+            try:
+                same = os.pread(fd, len(data) + 1, 0) == data
+            finally:
+                os.close(fd)
+            if same:
+                return
+        if st is not None:
+            self._pin(path, recursive=False)
+        tmp = b".overlayckpt-apply-" + name[:200]
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, data) if len(data) < (1 << 30) else None
+            os.fchmod(fd, stat.S_IMODE(node.mode))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.utime(tmp, ns=(node.atime_ns, node.mtime_ns), dir_fd=dfd, follow_symlinks=False)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        self.stats["written"] += 1
+
+
+def apply_live(session: "Session") -> dict[str, int]:
+    return Applier(session).apply(_LiveState(session), [], [])
+
+
+class _LiveState:
+    """The live tables, read one short transaction at a time (apply may run long)."""
+
+    def __init__(self, session: "Session") -> None:
+        self.store = session.store
+
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        return self.store.read(lambda r: r.get(table, key))
+
+    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+        return iter(self.store.read(lambda r: list(r.prefix(table, prefix))))
+
+    def block(self, digest: bytes) -> bytes:
+        return self.store.read(lambda r: r.block(digest))
+
+
+def apply_checkpoint(session: "Session", ref: Any) -> dict[str, int]:
+    from .timeline import Timeline
+    tl = Timeline(session)
+    r = session.store.begin_read()
+    try:
+        ck = tl.get(r, ref)
+        state = tl.state(r, ck)
+        extra_nodes = sorted({from_u64(k[:8]) for t, k in state.delta if t == b"nodes"})
+        extra_dirs = sorted({from_u64(k[:8]) for t, k in state.delta if t == b"dirents"})
+        return Applier(session).apply(state, extra_nodes, extra_dirs)
+    finally:
+        r.txn.abort()

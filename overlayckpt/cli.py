@@ -236,6 +236,10 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     while pid and client.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
+    outcome = read_info(status["store"]).get("last_unmount", {})
+    if outcome.get("error"):
+        raise UserError(outcome["error"])
+    status["applied"] = outcome.get("applied", False)
     return status
 
 
@@ -249,9 +253,8 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     if target is None:
         raise UserError("no overlayckpt mount here: give the mountpoint")
     status = unmount(target, args.apply)
-    applied = args.apply if args.apply is not None else status.get("apply_on_unmount")
     if not args.json:
-        print(f"unmounted {target}" + (f"; applied to {status['repo']}" if applied else ""))
+        print(f"unmounted {target}" + (f"; applied to {status['repo']}" if status["applied"] else ""))
     return 0
 
 

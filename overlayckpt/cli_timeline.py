@@ -120,9 +120,18 @@ def cmd_conversation(args: argparse.Namespace) -> int:
     return _emit(args, result, text)
 
 
+def cmd_apply(args: argparse.Namespace) -> int:
+    cmd: dict[str, Any] = {"cmd": "apply"}
+    if args.checkpoint is not None:
+        cmd["checkpoint"] = _ref(args.checkpoint)
+    result = _target(args).call(cmd)
+    return _emit(args, result, lambda r: f"applied to {r['repo']}: {r['written']} written, "
+                                         f"{r['removed']} removed")
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "checkpoint": cmd_checkpoint, "log": cmd_log, "diff": cmd_diff, "show": cmd_show,
-    "restore": cmd_restore, "conversation": cmd_conversation,
+    "restore": cmd_restore, "conversation": cmd_conversation, "apply": cmd_apply,
 }
 
 
@@ -149,6 +158,9 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("--code", dest="what", action="store_const", const="code")
     g.add_argument("--conversation", dest="what", action="store_const", const="conversation")
     g.add_argument("--both", dest="what", action="store_const", const="both")
+
+    ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
+    ap.add_argument("--checkpoint")
 
     cv = sub.add_parser("conversation", help="the conversation now, at a checkpoint, or all branches")
     cv.add_argument("--at")

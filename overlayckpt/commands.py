@@ -205,3 +205,13 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
                   "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)]
         return {"id": ck.id, "files": files}
     return s.store.read(fn)
+
+
+@command("apply")
+async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from .apply import apply_checkpoint, apply_live
+    if cmd.get("checkpoint") is not None:
+        stats = apply_checkpoint(s, cmd["checkpoint"])
+    else:
+        stats = apply_live(s)
+    return {"repo": s.repo, **stats}

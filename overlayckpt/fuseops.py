@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from .control import ControlFs, VirtualAttr
+from .control import VIEW_INO_BASE, ControlFs, VirtualAttr
 from .errors import FsError
 from .journal import Caller
 from .overlay import Overlay
@@ -145,6 +145,8 @@ class Operations(pyfuse3.Operations):
 
     @staticmethod
     def _no_control(ino: int) -> None:
+        if ino >= VIEW_INO_BASE:
+            raise FsError(errno.EROFS)  # checkpoint views are read-only
         if ino >= CONTROL_INO_BASE:
             raise FsError(errno.EPERM)
 

@@ -55,12 +55,27 @@ def join(parent: bytes, name: bytes) -> bytes:
 PinLookup = Callable[[bytes], "Pin | None"]
 
 
+class PinStat:
+    """The attributes of a pinned entry, shaped like the os.stat_result fields we use."""
+
+    __slots__ = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
+                 "st_mtime_ns", "st_ctime_ns", "st_rdev")
+
+    def __init__(self, *values: int) -> None:
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+
+    @classmethod
+    def fields(cls, st: "os.stat_result | PinStat") -> list[int]:
+        return [getattr(st, name) for name in cls.__slots__]
+
+
 class Pin:
     """The original state of one lower entry, kept in the store."""
 
     __slots__ = ("st", "entries", "read", "target", "xattrs")
 
-    def __init__(self, st: os.stat_result, entries: list[bytes] | None,
+    def __init__(self, st: "os.stat_result | PinStat", entries: set[bytes] | None,
                  read: Callable[[int, int], bytes] | None, target: bytes | None,
                  xattrs: dict[bytes, bytes]) -> None:
         self.st, self.entries, self.read, self.target, self.xattrs = st, entries, read, target, xattrs
@@ -109,6 +124,9 @@ class Lower:
         if not path:
             return os.fstat(self.fd)
         parent, name = split(path)
+        ppin = self._pin(parent)
+        if ppin is not None and ppin.entries is not None and name not in ppin.entries:
+            raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
         try:
             return os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
         except OSError as e:
@@ -118,7 +136,7 @@ class Lower:
         pin = self._pin(path)
         if pin is not None:
             out = []
-            for name in pin.entries or []:
+            for name in sorted(pin.entries or ()):
                 try:
                     out.append((name, self.stat(join(path, name))))
                 except FsError:

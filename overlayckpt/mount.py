@@ -100,15 +100,21 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         trio.run(daemon.serve)
     finally:
         pyfuse3.close(unmount=True)
-        info = read_info(store_dir)
-        info.pop("pid", None)
-        info.pop("mountpoint", None)
-        write_info(store_dir, info)
+        result: dict[str, Any] = {"applied": False}
         try:
             if session.apply_on_exit:
-                apply_live(session)
+                result = {"applied": True, **apply_live(session)}
+        except Exception as e:
+            log.exception("apply at unmount failed")
+            result = {"applied": False, "error": f"applying to {repo} failed: {e}; the session is "
+                                                 f"kept: run 'overlayckpt --store {store_dir} apply'"}
         finally:
             session.close()
+            info = read_info(store_dir)
+            info.pop("pid", None)
+            info.pop("mountpoint", None)
+            info["last_unmount"] = result
+            write_info(store_dir, info)
     return 0
 
 
