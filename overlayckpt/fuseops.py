@@ -116,7 +116,9 @@ def virtual_attrs(v: VirtualAttr) -> pyfuse3.EntryAttributes:
 
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
-    enable_writeback_cache = True
+    # No writeback cache: with it the kernel trusts its own i_size and would keep a
+    # stale size after a restore changes a file behind its back.
+    enable_writeback_cache = False
 
     def __init__(self, overlay: Overlay, control: ControlFs) -> None:
         super().__init__()

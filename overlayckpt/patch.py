@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import stat
 import zlib
 
@@ -45,6 +46,13 @@ def _literal(data: bytes) -> str:
 
 def _binary_patch(old: bytes, new: bytes) -> str:
     return "GIT binary patch\n" + _literal(new) + _literal(old)
+
+
+def _blob_id(side: tuple[int, bytes] | None) -> str:
+    """git's object id of a blob (binary patches need the full index line)."""
+    if side is None:
+        return "0" * 40
+    return hashlib.sha1(b"blob %d\0" % len(side[1]) + side[1]).hexdigest()
 
 
 def _range(start: int, length: int) -> str:
@@ -105,7 +113,7 @@ def render(changes: list[FileChange]) -> str:
             parts.append("".join(head))
             continue
         if _is_binary(old) or _is_binary(new):
-            head.append("index 0000000..0000000\n")
+            head.append(f"index {_blob_id(c.old)}..{_blob_id(c.new)}\n")
             head.append(_binary_patch(old, new))
             parts.append("".join(head))
             continue

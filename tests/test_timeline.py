@@ -1,0 +1,213 @@
+"""Checkpoints against an oracle: every recorded tree restores exactly."""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Mount, force_unmount, run_cli, tree_digest
+
+
+def _step(rng: random.Random, root: Path, i: int) -> None:
+    """One random edit of the kind an agent makes, through files or the shell."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+                   and ".overlayckpt" not in p.parts)
+    dirs = sorted(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()
+                  and ".overlayckpt" not in p.parts)
+    op = rng.choice(["write", "append", "create", "delete", "rename", "chmod", "symlink",
+                     "mkdir", "rmdir", "sed", "truncate", "shell"])
+    if op in ("write", "append", "sed", "truncate", "chmod", "delete", "rename") and not files:
+        op = "create"
+    if op == "write":
+        f = rng.choice(files)
+        with open(f, "r+b") as fh:
+            fh.seek(rng.randrange(0, max(1, f.stat().st_size)))
+            fh.write(f"edit {i}\n".encode() * rng.randrange(1, 2000))
+    elif op == "append":
+        with open(rng.choice(files), "a") as fh:
+            fh.write(f"appended {i}\n")
+    elif op == "create":
+        d = rng.choice([root] + dirs)
+        (d / f"new{i}.txt").write_text(f"new file {i}\n" * rng.randrange(1, 50))
+    elif op == "delete":
+        rng.choice(files).unlink()
+    elif op == "rename":
+        f = rng.choice(files)
+        f.rename(rng.choice([root] + dirs) / f"moved{i}")
+    elif op == "chmod":
+        rng.choice(files).chmod(rng.choice([0o600, 0o644, 0o755]))
+    elif op == "symlink":
+        (rng.choice([root] + dirs) / f"link{i}").symlink_to(f"target{i}")
+    elif op == "mkdir":
+        (rng.choice([root] + dirs) / f"dir{i}").mkdir()
+    elif op == "rmdir":
+        if dirs:
+            d = rng.choice(dirs)
+            shutil.rmtree(d)
+    elif op == "sed":
+        f = rng.choice(files)
+        subprocess.run(["sed", "-i", "s/e/E/", str(f)], check=True)
+    elif op == "truncate":
+        os.truncate(rng.choice(files), rng.randrange(0, 3000))
+    elif op == "shell":
+        d = rng.choice([root] + dirs)
+        subprocess.run(f"mkdir -p sh{i}/a && echo {i} > sh{i}/a/f && cp -r sh{i} sh{i}b",
+                       shell=True, cwd=d, check=True)
+
+
+def _checkpoint(m: Mount) -> int:
+    return int(m.cli("checkpoint").stdout.strip())
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_checkpoint_restores_exactly(repo: Path, mount_factory, seed: int) -> None:
+    m = mount_factory(repo)
+    rng = random.Random(seed)
+    recorded: dict[int, dict] = {_checkpoint(m): tree_digest(str(m.mnt))}
+    for i in range(25):
+        _step(rng, m.mnt, i)
+        recorded[_checkpoint(m)] = tree_digest(str(m.mnt))
+    final = tree_digest(str(m.mnt))
+    order = list(recorded)
+    rng.shuffle(order)
+    for cid in order:
+        m.cli("restore", str(cid))
+        assert tree_digest(str(m.mnt)) == recorded[cid], f"checkpoint {cid} did not restore exactly"
+    last = max(recorded)
+    m.cli("restore", str(last))
+    assert tree_digest(str(m.mnt)) == final
+
+
+def test_auto_checkpoints_capture_shell_changes(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo, "--window", "0")
+    before = tree_digest(str(m.mnt))
+    subprocess.run(["sed", "-i", "s/hello/bye/", str(m.mnt / "README.md")], check=True)
+    subprocess.run(["rm", "-rf", str(m.mnt / "src")], check=True)
+    log = m.ctl({"cmd": "log"})["checkpoints"]
+    kinds = {c["kind"] for c in log}
+    assert kinds == {"auto"}
+    comms = {c["process"]["comm"] for c in log}
+    assert {"sed", "rm"} <= comms
+    first_change = min(c["id"] for c in log if c["id"] > 0)
+    m.cli("restore", str(first_change - 1))
+    assert tree_digest(str(m.mnt)) == before
+
+
+def test_grouping_window_makes_one_checkpoint_per_burst(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo, "--window", "30")
+    subprocess.run(f"for i in $(seq 50); do echo $i > f$i; done", shell=True, cwd=m.mnt, check=True)
+    log = m.ctl({"cmd": "log"})["checkpoints"]
+    bursts = [c for c in log if c["id"] > 0]
+    assert len(bursts) == 1
+    assert len(bursts[0]["files"]) == 50
+    assert all(f["change"] == "A" for f in bursts[0]["files"])
+
+
+def test_named_checkpoint_diff_show_and_git_apply(repo: Path, mount_factory, tmp_path: Path) -> None:
+    m = mount_factory(repo)
+    base = m.cli("checkpoint", "base", "-m", "start").stdout.strip()
+    (m.mnt / "README.md").write_text("# demo\n\nchanged\nmore\n")
+    (m.mnt / "src" / "new.py").write_text("x = 1\n")
+    os.unlink(m.mnt / "docs" / "guide.txt")
+    os.chmod(m.mnt / "run.sh", 0o644)
+    (m.mnt / "bin.dat").write_bytes(b"\0\1\2binary" * 100)
+    (m.mnt / "nonl").write_text("no newline")
+    patch = m.cli("diff", "base").stdout
+    stat = m.cli("--json", "diff", "base", "--stat").stdout
+    assert '"path": "src/new.py"' in stat
+    # git apply of diff(base, live) on a copy of the tree at base gives the live tree
+    work = tmp_path / "work"
+    shutil.copytree(repo, work, symlinks=True)
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=patch.encode(), cwd=work, check=True)
+    live = tree_digest(str(m.mnt))
+    got = tree_digest(str(work))
+    got.pop(".git", None)
+    got = {k: v for k, v in got.items() if not k.startswith(".git/") and k != ".git"}
+    # git tracks neither hard links nor directories: compare files and symlinks, without link counts
+    strip = lambda t: {k: v[:4] + v[5:] if v[0] == "f" else v for k, v in t.items()  # noqa: E731
+                       if v[0] != "d"}
+    assert strip(got) == strip(live)
+    assert m.cli("show", base, "README.md").stdout == "# demo\n\nhello\n"
+    assert m.cli("show", "base", "src/new.py", check=False).returncode == 1
+
+
+def test_browse_view_is_read_only(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    cid = m.cli("checkpoint", "v1").stdout.strip()
+    (m.mnt / "README.md").write_text("changed\n")
+    view = m.mnt / ".overlayckpt" / "checkpoints" / cid
+    assert (view / "README.md").read_text() == "# demo\n\nhello\n"
+    assert os.readlink(m.mnt / ".overlayckpt" / "checkpoints" / "v1") == cid
+    for attempt in (lambda: (view / "README.md").write_text("x"),
+                    lambda: (view / "new").write_text("x"),
+                    lambda: os.unlink(view / "README.md"),
+                    lambda: os.mkdir(view / "d"),
+                    lambda: os.chmod(view / "README.md", 0o600)):
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+
+
+def test_selective_restore_and_undo(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    base = m.cli("checkpoint").stdout.strip()
+    (m.mnt / "README.md").write_text("one\n")
+    (m.mnt / "src" / "main.py").write_text("two\n")
+    os.unlink(m.mnt / "docs" / "guide.txt")
+    proc = m.cli("restore", base, "--", "README.md", "docs/guide.txt")
+    assert (m.mnt / "README.md").read_text() == "# demo\n\nhello\n"
+    assert (m.mnt / "docs" / "guide.txt").read_text() == "line\n" * 5000
+    assert (m.mnt / "src" / "main.py").read_text() == "two\n"
+    m.cli("restore", "@before-last")
+    assert (m.mnt / "README.md").read_text() == "one\n"
+    assert not (m.mnt / "docs" / "guide.txt").exists()
+    assert proc.returncode == 0
+
+
+def test_open_file_sees_restored_content(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    base = m.cli("checkpoint").stdout.strip()
+    (m.mnt / "README.md").write_text("changed\n")
+    with open(m.mnt / "README.md") as held:
+        assert held.read() == "changed\n"
+        m.cli("restore", base)
+        held.seek(0)
+        assert held.read() == "# demo\n\nhello\n"
+
+
+def test_bad_input_changes_nothing(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    (m.mnt / "README.md").write_text("changed\n")
+    before = m.ctl({"cmd": "log"})["checkpoints"]
+    for args in (["restore", "999"], ["restore", "nosuch"], ["show", "0", "../etc/passwd"],
+                 ["diff", "0", "777"], ["checkpoint", "12"]):
+        proc = m.cli(*args, check=False)
+        assert proc.returncode == 1, args
+        assert proc.stderr.startswith("overlayckpt: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    with open(m.mnt / ".overlayckpt" / "ctl", "r+b", buffering=0) as f:
+        with pytest.raises(OSError) as e:
+            f.write(b"{not json\n")
+        assert e.value.errno == errno.EINVAL
+        assert b"malformed JSON" in f.read()
+    assert m.ctl({"cmd": "log"})["checkpoints"] == before
+    assert (m.mnt / "README.md").read_text() == "changed\n"
+
+
+def test_unmounted_session_commands_and_resume(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    (m.mnt / "README.md").write_text("changed\n")
+    ino = os.stat(m.mnt / "README.md").st_ino
+    force_unmount(str(m.mnt))
+    log = run_cli("--store", str(m.store), "--json", "log").stdout
+    assert "README.md" in log
+    assert run_cli("--store", str(m.store), "show", "0", "README.md").stdout == "# demo\n\nhello\n"
+    run_cli("mount", str(repo), str(m.mnt), "--store", str(m.store))
+    assert (m.mnt / "README.md").read_text() == "changed\n"
+    assert os.stat(m.mnt / "README.md").st_ino == ino
