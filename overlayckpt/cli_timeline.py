@@ -129,9 +129,25 @@ def cmd_apply(args: argparse.Namespace) -> int:
                                          f"{r['removed']} removed")
 
 
+def cmd_fsck(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "fsck", "repair": args.repair})
+    _emit(args, result, lambda r: "\n".join(
+        [f"repaired: {x}" for x in r["repaired"]] + r["problems"]
+        + [f"{'clean' if r['ok'] else 'DAMAGED'}: {r['blocks']} blocks, {r['checkpoints']} checkpoints, "
+           f"{r['journal']} journal records"]))
+    return 0 if result["ok"] else 1
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "gc"})
+    return _emit(args, result, lambda r: f"removed {r['removed_blocks']} blocks "
+                                         f"({r['freed_bytes']} bytes), kept {r['kept_blocks']}")
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "checkpoint": cmd_checkpoint, "log": cmd_log, "diff": cmd_diff, "show": cmd_show,
     "restore": cmd_restore, "conversation": cmd_conversation, "apply": cmd_apply,
+    "fsck": cmd_fsck, "gc": cmd_gc,
 }
 
 
@@ -161,6 +177,10 @@ def add_parsers(sub: Any) -> None:
 
     ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
     ap.add_argument("--checkpoint")
+
+    fk = sub.add_parser("fsck", help="verify every block digest and every reference")
+    fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")
+    sub.add_parser("gc", help="reclaim blocks nothing refers to")
 
     cv = sub.add_parser("conversation", help="the conversation now, at a checkpoint, or all branches")
     cv.add_argument("--at")

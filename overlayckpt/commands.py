@@ -77,7 +77,7 @@ def checkpoint_entry(r: ReadTxn, s: Session, ck: Checkpoint) -> dict[str, Any]:
     if ck.kind == "restore":
         summary = f"restored checkpoint {ck.restored_from}"
     if not summary:
-        summary = ck.message or describe(files) or ("session start" if ck.id == 0 else "no changes")
+        summary = ck.message or describe(files) or ("session start" if ck.id == 0 else "no net changes")
     return {
         "id": ck.id, "seq": ck.seq, "time": _iso(ck.time_ns), "kind": ck.kind, "name": ck.name,
         "message": ck.message, "summary": summary, "files": files,
@@ -215,3 +215,16 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     else:
         stats = apply_live(s)
     return {"repo": s.repo, **stats}
+
+
+@command("fsck")
+async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from .maintenance import fsck, repair
+    repaired = repair(s.store)["dropped"] if cmd.get("repair") else []
+    return {**fsck(s.store), "repaired": repaired}
+
+
+@command("gc")
+async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from .maintenance import gc
+    return gc(s.store)

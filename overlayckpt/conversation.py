@@ -106,7 +106,7 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     """The latest tool call or assistant message that arrived while a checkpoint's changes were made."""
     for key, entry in reversed(chain(r, head)):
         line_seq = entry["_seq"]
-        if line_seq > seq:
+        if line_seq >= seq:  # arrived after these changes: it belongs to the next step
             continue
         if line_seq < start_seq:
             return None

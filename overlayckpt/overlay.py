@@ -295,7 +295,7 @@ class Overlay(Tree):
                     self._touch_parent(m, p2)
             snode.parent = p2
             self._save(m, src, snode)
-            m.touched(new_path, "R")
+            m.touched(new_path, "M" if dst is not None else "R")  # an atomic save modifies
             m.touched(old_path, "<")
             return dst
         return self._mutate(caller, "rename", fn)

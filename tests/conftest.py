@@ -125,6 +125,33 @@ def mount_factory(tmp_path: Path) -> Iterator:
     yield factory
     for m in mounts:
         force_unmount(str(m.mnt))
+    for m in mounts:
+        wait_daemon_gone(m.store)
+        proc = run_cli("--store", str(m.store), "fsck", check=False)
+        assert proc.returncode == 0, f"fsck after the test:\n{proc.stdout}{proc.stderr}"
+
+
+def wait_daemon_gone(store: Path, timeout: float = 60) -> None:
+    """Wait until the store's daemon has exited (it applies and closes after unmount)."""
+    info = store / "session.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = json.loads(info.read_text()).get("pid")
+        except (OSError, ValueError):
+            return
+        if not pid or not os.path.exists(f"/proc/{pid}") or _zombie(pid):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"daemon of {store} did not exit")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:
+        return True
 
 
 @pytest.fixture

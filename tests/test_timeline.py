@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Mount, force_unmount, run_cli, tree_digest
+from conftest import Mount, force_unmount, run_cli, tree_digest, wait_daemon_gone
 
 
 def _step(rng: random.Random, root: Path, i: int) -> None:
@@ -205,6 +205,7 @@ def test_unmounted_session_commands_and_resume(repo: Path, mount_factory) -> Non
     (m.mnt / "README.md").write_text("changed\n")
     ino = os.stat(m.mnt / "README.md").st_ino
     force_unmount(str(m.mnt))
+    wait_daemon_gone(m.store)
     log = run_cli("--store", str(m.store), "--json", "log").stdout
     assert "README.md" in log
     assert run_cli("--store", str(m.store), "show", "0", "README.md").stdout == "# demo\n\nhello\n"

@@ -1,0 +1,112 @@
+"""fsck and gc: verify every block and reference; reclaim unreferenced blocks.
+
+Blocks are referenced from three places: the live block map, the undo entries
+of the journal (previous content that history needs), and pinned lower
+entries. gc deletes only blocks that none of them names, in one write
+transaction, so a crash leaves either the old or the new set, never a
+dangling reference.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import blake3
+import msgpack
+
+from .records import T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64
+from .store import ReadTxn, Store, WriteTxn
+
+
+def referenced_blocks(r: ReadTxn) -> set[bytes]:
+    refs: set[bytes] = set()
+    for _, digest in r.range_from(b"bmap"):
+        refs.add(digest)
+    for k, v in r.range_from(b"journal"):
+        rec = JournalRecord.unpack(from_u64(k), v)
+        for table, _, old in rec.undo:
+            if table == T_BMAP and old:
+                refs.add(old)
+    for _, v in r.range_from(b"pinned"):
+        refs.update(msgpack.unpackb(v).get("blocks") or ())
+    refs.discard(ZERO_BLOCK)
+    return refs
+
+
+def fsck(store: Store) -> dict[str, Any]:
+    problems: list[str] = []
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        nblocks = 0
+        for digest, raw in r.range_from(b"blocks"):
+            nblocks += 1
+            try:
+                data = store.decode_block(raw)
+            except Exception as e:  # a corrupt frame is damage, whatever the codec says
+                problems.append(f"block {digest.hex()} cannot be decoded: {e}")
+                continue
+            if blake3.blake3(data).digest() != digest:
+                problems.append(f"block {digest.hex()} does not match its digest")
+        refs = referenced_blocks(r)
+        for digest in sorted(refs):
+            if r.get(b"blocks", digest) is None:
+                problems.append(f"block {digest.hex()} is referenced but missing")
+        for k, v in r.range_from(b"dirents"):
+            if v != WHITEOUT and r.get(b"nodes", v) is None:
+                problems.append(f"directory entry {k[8:]!r} in {from_u64(k[:8])} names "
+                                f"inode {from_u64(v)} without a record")
+        seq = r.meta_int(b"seq", 1)
+        last = 0
+        for k, _ in r.range_from(b"journal"):
+            last = from_u64(k)
+        if last >= seq:
+            problems.append(f"journal record {last} is beyond the journal position {seq}")
+        ids = set()
+        for k, v in r.range_from(b"ckpts"):
+            ck = Checkpoint.unpack(from_u64(k), v)
+            ids.add(ck.id)
+            if ck.seq > seq:
+                problems.append(f"checkpoint {ck.id} points beyond the journal ({ck.seq} > {seq})")
+        for name, v in r.range_from(b"names"):
+            if from_u64(v) not in ids:
+                problems.append(f"name {name.decode(errors='replace')} points to missing checkpoint")
+        return {"blocks": nblocks, "referenced": len(refs), "checkpoints": len(ids),
+                "journal": r.count(b"journal")}
+    result = store.read(fn)
+    return {"ok": not problems, "problems": problems, **result}
+
+
+def gc(store: Store) -> dict[str, Any]:
+    def fn(w: WriteTxn) -> dict[str, Any]:
+        refs = referenced_blocks(w)
+        doomed = [d for d, _ in w.range_from(b"blocks") if d not in refs]
+        freed = 0
+        for digest in doomed:
+            raw = w.get(b"blocks", digest)
+            freed += len(raw or b"")
+            w.delete(b"blocks", digest)
+        return {"removed_blocks": len(doomed), "freed_bytes": freed, "kept_blocks": len(refs)}
+    return store.write(fn)
+
+
+def repair(store: Store) -> dict[str, Any]:
+    """Drop what cannot be trusted: corrupt blocks and names of missing checkpoints.
+
+    A reference to a lost block stays (its file then reads as an I/O error at
+    that block), so nothing that is still intact is thrown away.
+    """
+    def fn(w: WriteTxn) -> dict[str, Any]:
+        dropped = []
+        for digest, raw in list(w.range_from(b"blocks")):
+            try:
+                ok = blake3.blake3(store.decode_block(raw)).digest() == digest
+            except Exception:
+                ok = False
+            if not ok:
+                w.delete(b"blocks", digest)
+                dropped.append(f"block {digest.hex()}")
+        for name, v in list(w.range_from(b"names")):
+            if w.get(b"ckpts", v) is None:
+                w.delete(b"names", name)
+                dropped.append(f"name {name.decode(errors='replace')}")
+        return {"dropped": dropped}
+    return store.write(fn)
