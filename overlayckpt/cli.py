@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", help="mount, repo, store, live checkpoint, counts")
 
+    h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
+    h.add_argument("agent", choices=["claude-code"])
+    ih = sub.add_parser("install-hooks", help="add our hooks to the project's agent settings")
+    ih.add_argument("agent", choices=["claude-code"])
+    ih.add_argument("--project", default=".", help="project directory (default: current)")
+
     from . import cli_timeline
     cli_timeline.add_parsers(sub)
     return p
@@ -291,8 +297,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hook(args: argparse.Namespace) -> int:
+    from .agents import run_hook
+    return run_hook(sys.stdin, args.mount)
+
+
+def cmd_install_hooks(args: argparse.Namespace) -> int:
+    from .agents import HOOK_MARK, install_hooks
+    command = f"{sys.executable} -m {HOOK_MARK}"
+    path = install_hooks(os.path.abspath(args.project), command)
+    print(f"hooks written to {path}")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mount": cmd_mount, "unmount": cmd_unmount, "run": cmd_run, "status": cmd_status,
+    "hook": cmd_hook, "install-hooks": cmd_install_hooks,
 }
 
 

@@ -99,6 +99,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     result = _target(args).call(cmd)
     for w in result.get("warnings", []):
         print(f"overlayckpt: warning: {w}", file=sys.stderr)
+    if result.get("claude_resume") and not args.json:
+        print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
     return _emit(args, result, lambda r: f"restored checkpoint {r['restored']} ({r['what']}) "
                                          f"as checkpoint {r['id']}")
 

@@ -137,7 +137,27 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         if "what" in cmd and what != "code":
             raise UserError("restoring chosen paths restores code only: drop --conversation/--both")
         what = "code"
-    return await Timeline(s).restore(cmd["id"], _caller(), paths, what)
+    result = await Timeline(s).restore(cmd["id"], _caller(), paths, what)
+    if what in ("conversation", "both"):
+        result.update(_claude_resume(s, result["restored"]))
+    return result
+
+
+def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
+    """For Claude Code sessions: a transcript cut back to the checkpoint, to resume from."""
+    from .agents import cut_transcript
+    from .conversation import live_lines
+    tl = Timeline(s)
+    lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
+    for line in reversed(lines):
+        path = line.get("transcript_path")
+        if line.get("agent") == "claude-code" and path and os.path.isfile(path):
+            try:
+                new_id, new_path = cut_transcript(path, line["time"])
+            except (OSError, ValueError):
+                return {}
+            return {"claude_resume": f"claude --resume {new_id}", "transcript": new_path}
+    return {}
 
 
 @command("conversation")

@@ -73,6 +73,7 @@ class ControlHandle:
     pending: bytearray = field(default_factory=bytearray)
     reply: bytearray = field(default_factory=bytearray)
     snapshot: bytes | None = None
+    discarding: bool = False
     replied: int = 0  # bytes of reply already read: ctl reads are a stream, like a socket
 
 
@@ -215,9 +216,15 @@ class ControlFs:
         h.reply += (json.dumps(obj) + "\n").encode()
 
     def _append_conversation(self, h: ControlHandle, buf: bytes) -> int:
+        if h.discarding:  # the rest of a line already refused as too long
+            if b"\n" not in buf:
+                raise FsError(errno.EINVAL)
+            buf = buf.split(b"\n", 1)[1]
+            h.discarding = False
         h.pending += buf
         if len(h.pending) > MAX_LINE and b"\n" not in h.pending:
             h.pending.clear()
+            h.discarding = True
             raise FsError(errno.EINVAL)
         while b"\n" in h.pending:
             line, _, rest = bytes(h.pending).partition(b"\n")

@@ -116,7 +116,7 @@ class Timeline:
         if isinstance(ref, str) and ref == "@before-last":
             for ck in reversed(self.all(r)):
                 if ck.kind == "restore":
-                    return self.at_seq(r, ck.start_seq)
+                    return self.get(r, ck.id - 1)  # see _mark_before_restore
             raise UserError("@before-last: there has been no restore yet")
         cid: int | None = None
         if isinstance(ref, int) or ref.isdigit():
@@ -129,16 +129,6 @@ class Timeline:
         if raw is None:
             raise UserError(f"unknown checkpoint {ref!r}: 'overlayckpt log' lists them")
         return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]
-
-    def at_seq(self, r: ReadTxn, seq: int) -> Checkpoint:
-        """The newest checkpoint whose state is the journal position seq."""
-        best = None
-        for ck in self.all(r):
-            if ck.seq == seq:
-                best = ck
-        if best is None:
-            raise UserError(f"no checkpoint at journal position {seq}")
-        return best
 
     # -- states ---------------------------------------------------------------
 
@@ -183,6 +173,7 @@ class Timeline:
             warnings.clear()
             close_open_group(w)
             target = self.get(w, ref)
+            self._mark_before_restore(w, caller)
             if what in ("conversation", "both"):
                 move_head(w, target.conv_head)
             delta = delta_since(w, target.seq) if code else {}
@@ -208,6 +199,13 @@ class Timeline:
         await self._invalidate(changed)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": warnings}
+
+    def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
+        """Make the checkpoint just before a restore the exact state it replaces."""
+        latest = self.all(w)[-1]
+        if latest.seq != next_seq(w) or latest.conv_head != w.meta_int(b"conv_head", 0):
+            seq = next_seq(w)
+            new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
 
     def _paths_since(self, r: ReadTxn, seq: int, only: list[str] | None) -> set[str]:
         out: set[str] = set()

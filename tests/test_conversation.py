@@ -1,0 +1,181 @@
+"""The conversation sidecar, its branches, and Claude Code hooks."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, Mount, run_cli
+
+# Recorded Claude Code hook events (field names as Claude Code sends them).
+EVENTS = {
+    "UserPromptSubmit": {"hook_event_name": "UserPromptSubmit", "session_id": "s1",
+                         "transcript_path": "", "cwd": "", "prompt": "fix the login bug"},
+    "PreToolUse": {"hook_event_name": "PreToolUse", "session_id": "s1", "transcript_path": "",
+                   "cwd": "", "tool_name": "Edit", "tool_use_id": "toolu_1",
+                   "tool_input": {"file_path": "README.md", "old_string": "hello", "new_string": "bye"}},
+    "PostToolUse": {"hook_event_name": "PostToolUse", "session_id": "s1", "transcript_path": "",
+                    "cwd": "", "tool_name": "Edit", "tool_use_id": "toolu_1",
+                    "tool_input": {"file_path": "README.md"}, "tool_response": {"success": True}},
+    "Stop": {"hook_event_name": "Stop", "session_id": "s1", "transcript_path": "", "cwd": "",
+             "stop_hook_active": False},
+}
+
+
+def say(m: Mount, role: str, content: str, **extra: str) -> None:
+    with open(m.mnt / ".overlayckpt" / "conversation.jsonl", "a") as f:
+        f.write(json.dumps({"role": role, "content": content, **extra}) + "\n")
+
+
+def live(m: Mount) -> list[str]:
+    text = (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text()
+    return [json.loads(line)["content"] for line in text.splitlines()]
+
+
+def test_lines_are_stamped_and_read_back(mounted: Mount) -> None:
+    say(mounted, "user", "hello")
+    (mounted.mnt / "README.md").write_text("x\n")
+    say(mounted, "assistant", "done", tool="Edit")
+    lines = [json.loads(x) for x in (mounted.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
+    assert [x["content"] for x in lines] == ["hello", "done"]
+    assert lines[1]["seq"] > lines[0]["seq"]
+    assert all("time" in x and "line" in x for x in lines)
+
+
+@pytest.mark.parametrize("what", ["code", "conversation", "both"])
+def test_restore_modes_move_the_right_halves(repo: Path, mount_factory, what: str) -> None:
+    m = mount_factory(repo)
+    say(m, "user", "one")
+    cid = m.cli("checkpoint").stdout.strip()
+    (m.mnt / "README.md").write_text("changed\n")
+    say(m, "assistant", "two")
+    m.cli("restore", cid, f"--{what}")
+    code_back = (m.mnt / "README.md").read_text() == "# demo\n\nhello\n"
+    conv_back = live(m) == ["one"]
+    assert code_back == (what in ("code", "both"))
+    assert conv_back == (what in ("conversation", "both"))
+    if conv_back:
+        every = json.loads(m.cli("--json", "conversation", "--all").stdout)["lines"]
+        assert [(x["content"], x["live"]) for x in every] == [("one", True), ("two", False)]
+        say(m, "user", "three")
+        assert live(m) == ["one", "three"]
+        m.cli("restore", "@before-last")
+        assert live(m) == ["one", "two"]
+
+
+def test_conversation_at_checkpoint_and_summary(mounted: Mount) -> None:
+    say(mounted, "user", "please edit")
+    say(mounted, "assistant", "editing README", tool="Edit")
+    (mounted.mnt / "README.md").write_text("edited\n")
+    log = mounted.ctl({"cmd": "log"})["checkpoints"]
+    edit = next(c for c in log if any(f["path"] == "README.md" for f in c["files"]))
+    assert edit["summary"].startswith("Edit")
+    at = json.loads(mounted.cli("--json", "conversation", "--at", str(edit["id"])).stdout)["lines"]
+    assert [x["content"] for x in at] == ["please edit", "editing README"]
+
+
+@pytest.mark.parametrize("payload", [b"{not json\n", b'{"content": "no role"}\n', b"[1, 2]\n",
+                                     b"\xff\xfe\x00garbage\n", b"x" * (2 << 20) + b"\n"])
+def test_bad_lines_fail_with_einval_and_change_nothing(mounted: Mount, payload: bytes) -> None:
+    say(mounted, "user", "kept")
+    fd = os.open(mounted.mnt / ".overlayckpt" / "conversation.jsonl", os.O_WRONLY | os.O_APPEND)
+    try:
+        with pytest.raises(OSError) as e:
+            view = memoryview(payload)
+            while view:  # a long line may be taken in part before it is refused
+                view = view[os.write(fd, view):]
+        assert e.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+    assert live(mounted) == ["kept"]
+
+
+def test_concurrent_appenders_keep_every_line_whole(mounted: Mount) -> None:
+    def writer(n: int) -> None:
+        fd = os.open(mounted.mnt / ".overlayckpt" / "conversation.jsonl", os.O_WRONLY | os.O_APPEND)
+        try:
+            for i in range(50):
+                os.write(fd, (json.dumps({"role": "user", "content": f"{n}-{i}"}) + "\n").encode())
+        finally:
+            os.close(fd)
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = live(mounted)
+    assert sorted(got) == sorted(f"{n}-{i}" for n in range(4) for i in range(50))
+    for n in range(4):  # each writer's lines stay in its order
+        mine = [x for x in got if x.startswith(f"{n}-")]
+        assert mine == [f"{n}-{i}" for i in range(50)]
+
+
+def test_claude_code_hook_events(mounted: Mount) -> None:
+    for name, event in EVENTS.items():
+        event = dict(event, cwd=str(mounted.mnt))
+        proc = subprocess.run(CLI + ["hook", "claude-code"], input=json.dumps(event), text=True,
+                              capture_output=True, cwd=str(mounted.mnt), timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+    lines = [json.loads(x) for x in (mounted.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
+    assert [x["event"] for x in lines] == list(EVENTS)
+    assert lines[0]["role"] == "user" and lines[0]["content"] == "fix the login bug"
+    assert lines[1]["tool"] == "Edit" and lines[1]["summary"] == "Edit README.md"
+
+
+def test_hook_never_breaks_the_agent(tmp_path: Path) -> None:
+    for stdin in ("{broken", json.dumps(EVENTS["PreToolUse"]), ""):
+        start = time.monotonic()
+        proc = subprocess.run(CLI + ["hook", "claude-code"], input=stdin, text=True,
+                              capture_output=True, cwd=tmp_path, timeout=30)
+        assert proc.returncode == 0
+        assert time.monotonic() - start < 10
+        assert "Traceback" not in proc.stderr
+
+
+def test_install_hooks_keeps_existing_settings(tmp_path: Path) -> None:
+    settings = tmp_path / ".claude" / "settings.local.json"
+    settings.parent.mkdir()
+    mine = {"permissions": {"allow": ["Bash(ls)"]},
+            "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "x"}]}]}}
+    settings.write_text(json.dumps(mine))
+    for _ in range(2):  # idempotent
+        run_cli("install-hooks", "claude-code", "--project", str(tmp_path))
+    got = json.loads(settings.read_text())
+    assert got["permissions"] == mine["permissions"]
+    pre = got["hooks"]["PreToolUse"]
+    assert pre[0] == mine["hooks"]["PreToolUse"][0] and len(pre) == 2
+    for event in EVENTS:
+        assert sum("overlayckpt hook claude-code" in h["command"]
+                   for e in got["hooks"][event] for h in e["hooks"]) == 1
+
+
+def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path: Path) -> None:
+    m = mount_factory(repo)
+    transcript = tmp_path / "projects" / "sess.jsonl"
+    transcript.parent.mkdir()
+
+    def entry(text: str) -> str:
+        return json.dumps({"sessionId": "sess", "type": "user", "message": text,
+                           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time()))})
+    lines = [entry("first")]
+    transcript.write_text("\n".join(lines) + "\n")
+    event = dict(EVENTS["UserPromptSubmit"], transcript_path=str(transcript), cwd=str(m.mnt))
+    subprocess.run(CLI + ["hook", "claude-code"], input=json.dumps(event), text=True, check=True)
+    cid = m.cli("checkpoint").stdout.strip()
+    time.sleep(1.1)  # the transcript's timestamps have millisecond resolution, one second apart
+    with open(transcript, "a") as f:
+        f.write(entry("second") + "\n")
+    out = m.cli("restore", cid).stdout
+    assert "claude --resume" in out
+    new_id = out.split("claude --resume ")[1].split()[0]
+    cut = (transcript.parent / f"{new_id}.jsonl").read_text().splitlines()
+    assert [json.loads(x)["message"] for x in cut] == ["first"]
+    assert all(json.loads(x)["sessionId"] == new_id for x in cut)
