@@ -184,6 +184,9 @@ def add_parsers(sub: Any) -> None:
     fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")
     sub.add_parser("gc", help="reclaim blocks nothing refers to")
 
+    from .export import add_cli
+    add_cli(sub, HANDLERS)
+
     cv = sub.add_parser("conversation", help="the conversation now, at a checkpoint, or all branches")
     cv.add_argument("--at")
     cv.add_argument("--all", action="store_true")

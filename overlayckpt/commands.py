@@ -248,3 +248,6 @@ async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from .maintenance import gc
     return gc(s.store)
+
+
+from . import export  # noqa: E402,F401  (registers export and import commands)
