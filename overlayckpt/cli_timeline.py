@@ -146,10 +146,25 @@ def cmd_gc(args: argparse.Namespace) -> int:
                                          f"({r['freed_bytes']} bytes), kept {r['kept_blocks']}")
 
 
+def cmd_rewind(args: argparse.Namespace) -> int:
+    from .rewind import build_app
+    target = _target(args)
+    if not sys.stdin.isatty():
+        from .errors import UserError
+        raise UserError("rewind is interactive: run it in a terminal (or use log and restore)")
+    app, _ = build_app(target.call)
+    result = app.run()
+    if result:
+        print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
+        if result.get("claude_resume"):
+            print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "checkpoint": cmd_checkpoint, "log": cmd_log, "diff": cmd_diff, "show": cmd_show,
     "restore": cmd_restore, "conversation": cmd_conversation, "apply": cmd_apply,
-    "fsck": cmd_fsck, "gc": cmd_gc,
+    "fsck": cmd_fsck, "gc": cmd_gc, "rewind": cmd_rewind,
 }
 
 
@@ -183,6 +198,8 @@ def add_parsers(sub: Any) -> None:
     fk = sub.add_parser("fsck", help="verify every block digest and every reference")
     fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")
     sub.add_parser("gc", help="reclaim blocks nothing refers to")
+
+    sub.add_parser("rewind", help="interactive timeline: move, preview, restore")
 
     from .export import add_cli
     add_cli(sub, HANDLERS)

@@ -83,6 +83,12 @@ class Mount:
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run_cli("--mount", str(self.mnt), *args, check=check)
 
+    def ctl_ok(self, cmd: dict) -> dict:
+        """A control command that must succeed; its reply without the ok flag."""
+        reply = self.ctl(cmd)
+        assert reply.pop("ok"), reply
+        return reply
+
     def ctl(self, cmd: dict) -> dict:
         with open(self.mnt / ".overlayckpt" / "ctl", "r+b", buffering=0) as f:
             f.write((json.dumps(cmd) + "\n").encode())
