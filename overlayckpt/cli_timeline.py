@@ -141,9 +141,13 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "gc"})
-    return _emit(args, result, lambda r: f"removed {r['removed_blocks']} blocks "
-                                         f"({r['freed_bytes']} bytes), kept {r['kept_blocks']}")
+    cmd: dict[str, Any] = {"cmd": "gc"}
+    if args.budget is not None:
+        cmd["budget"] = args.budget
+    result = _target(args).call(cmd)
+    return _emit(args, result, lambda r: f"thinned {r['thinned']} automatic checkpoints; removed "
+                                         f"{r['removed_blocks']} blocks ({r['freed_bytes']} bytes), "
+                                         f"kept {r['kept_blocks']}")
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
@@ -197,7 +201,8 @@ def add_parsers(sub: Any) -> None:
 
     fk = sub.add_parser("fsck", help="verify every block digest and every reference")
     fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")
-    sub.add_parser("gc", help="reclaim blocks nothing refers to")
+    gcp = sub.add_parser("gc", help="thin old automatic checkpoints over budget; reclaim unreferenced blocks")
+    gcp.add_argument("--budget", type=int, help="bytes of blocks to keep before thinning (default 5 GiB)")
 
     sub.add_parser("rewind", help="interactive timeline: move, preview, restore")
 

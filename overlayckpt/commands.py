@@ -246,8 +246,12 @@ async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 @command("gc")
 async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    from .maintenance import gc
-    return gc(s.store)
+    from .maintenance import DEFAULT_BUDGET, gc, thin
+    budget = cmd.get("budget", DEFAULT_BUDGET)
+    if not isinstance(budget, int) or budget < 0:
+        raise UserError('"budget" must be a number of bytes')
+    result = thin(s.store, budget)  # runs gc itself when it thinned anything
+    return result if "removed_blocks" in result else {**result, **gc(s.store)}
 
 
 from . import export  # noqa: E402,F401  (registers export and import commands)

@@ -8,12 +8,13 @@ dangling reference.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import blake3
 import msgpack
 
-from .records import T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64
+from .records import T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64
 from .store import ReadTxn, Store, WriteTxn
 
 
@@ -84,8 +85,78 @@ def gc(store: Store) -> dict[str, Any]:
             raw = w.get(b"blocks", digest)
             freed += len(raw or b"")
             w.delete(b"blocks", digest)
+        w.set_meta_int(b"block_bytes", max(0, w.meta_int(b"block_bytes") - freed))
         return {"removed_blocks": len(doomed), "freed_bytes": freed, "kept_blocks": len(refs)}
     return store.write(fn)
+
+
+DEFAULT_BUDGET = 5 << 30  # bytes of stored blocks before the oldest automatic checkpoints thin
+
+
+def thin(store: Store, budget: int) -> dict[str, Any]:
+    """Over budget: drop the older half of the automatic checkpoints and merge their journal
+    records, so the block versions only they needed become garbage for gc.
+
+    Named and restore checkpoints, checkpoint 0 and the newest checkpoint stay. Merging
+    keeps, per key, the oldest previous value, so every kept checkpoint restores exactly.
+    """
+    def fn(w: WriteTxn) -> dict[str, Any]:
+        if w.meta_int(b"block_bytes") <= budget:
+            return {"thinned": 0}
+        cks = [Checkpoint.unpack(from_u64(k), v) for k, v in w.range_from(b"ckpts")]
+        candidates = [c for c in cks[:-1] if c.kind == "auto" and c.id != 0]
+        dropped = {c.id for c in candidates[:max(1, len(candidates) // 2)]} if candidates else set()
+        if not dropped:
+            return {"thinned": 0}
+        kept = [c for c in cks if c.id not in dropped]
+        bounds = sorted({c.seq for c in kept})
+        dropped_seqs = sorted(c.seq for c in cks if c.id in dropped)
+        merged_into: dict[int, int] = {}  # first seq of a merged segment -> its key
+        for lo, hi in zip(bounds, bounds[1:] + [1 << 62]):
+            if not any(lo < d < hi for d in dropped_seqs):
+                continue
+            recs = list(_records_between(w, lo, hi))
+            if len(recs) < 2:
+                continue
+            first: dict[tuple[int, bytes], bytes | None] = {}
+            paths: list[str] = []
+            changes: list[str] = []
+            for rec in recs:
+                for table, key, old in rec.undo:
+                    first.setdefault((table, key), old)
+                paths += rec.paths
+                changes += rec.changes
+                w.delete(b"journal", u64(rec.seq))
+            head = recs[0]
+            merged = JournalRecord(head.seq, recs[-1].time_ns, head.pid, head.comm, "merged",
+                                   tuple(paths), tuple(changes),
+                                   tuple((t, k, v) for (t, k), v in first.items()))
+            w.put(b"journal", u64(head.seq), merged.pack())
+            merged_into[lo] = head.seq
+        for c in cks:
+            if c.id in dropped:
+                w.delete(b"ckpts", u64(c.id))
+            else:
+                # a kept checkpoint's changes now start where its merged segment starts
+                seg = max((lo for lo in merged_into if lo <= c.start_seq < c.seq), default=None)
+                if seg is not None and c.start_seq != merged_into[seg]:
+                    fixed = dataclasses.replace(c, start_seq=merged_into[seg])
+                    w.put(b"ckpts", u64(c.id), fixed.pack())
+        return {"thinned": len(dropped)}
+    result = store.write(fn)
+    if result["thinned"]:
+        result.update(gc(store))
+    return result
+
+
+def _records_between(r: ReadTxn, lo: int, hi: int) -> list[JournalRecord]:
+    out = []
+    for k, v in r.range_from(b"journal", u64(lo)):
+        seq = from_u64(k)
+        if seq >= hi:
+            break
+        out.append(JournalRecord.unpack(seq, v))
+    return out
 
 
 def repair(store: Store) -> dict[str, Any]:

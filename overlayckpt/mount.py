@@ -18,12 +18,14 @@ from .apply import apply_live
 from .control import ControlFs
 from .errors import UserError
 from .fuseops import Operations
+from .maintenance import DEFAULT_BUDGET, thin
 from .session import Session, read_info, write_info
 from .views import CheckpointViews
 
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL = 2.0  # seconds: what a power loss can cost without fsync
+RETENTION_EVERY = 30  # sync ticks between retention checks
 
 
 def mount_options(allow_other: bool) -> set[str]:
@@ -62,9 +64,13 @@ class Daemon:
         await trio.to_thread.run_sync(pyfuse3.syncfs, self.mountpoint)
 
     async def _sync_loop(self) -> None:
+        ticks = 0
         while True:
             await trio.sleep(SYNC_INTERVAL)
             self.session.store.sync()
+            ticks += 1
+            if ticks % RETENTION_EVERY == 0:
+                thin(self.session.store, DEFAULT_BUDGET)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:

@@ -105,7 +105,9 @@ class WriteTxn(ReadTxn):
         digest = blake3.blake3(data).digest()
         db = self.store.dbs[b"blocks"]
         if self.txn.get(digest, db=db) is None:
-            self.txn.put(digest, self.store.encode_block(data), db=db)
+            raw = self.store.encode_block(data)
+            self.txn.put(digest, raw, db=db)
+            self.set_meta_int(b"block_bytes", self.meta_int(b"block_bytes") + len(raw))
         return digest
 
     def set_meta_int(self, name: bytes, value: int) -> None:
