@@ -149,12 +149,8 @@ class Applier:
         return self.stats
 
     def lower_reset(self) -> None:
-        for fd in self.lower._dirfds.values():
-            os.close(fd)
-        self.lower._dirfds.clear()
-        for f in self.ov._lower_files.values():
-            f.close()
-        self.ov._lower_files.clear()
+        self.lower.forget_cached()
+        self.ov.forget_lower_files()
 
     def _dirfd(self, path: bytes) -> int:
         return openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)

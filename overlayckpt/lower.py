@@ -93,12 +93,18 @@ class Lower:
         self.root_st = os.fstat(self.fd)
         self.pins = pins
         self._dirfds: OrderedDict[bytes, int] = OrderedDict()
+        self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
 
     def close(self) -> None:
+        self.forget_cached()
+        os.close(self.fd)
+
+    def forget_cached(self) -> None:
+        """Drop cached fds and answers (after apply changed the repo)."""
         for fd in self._dirfds.values():
             os.close(fd)
         self._dirfds.clear()
-        os.close(self.fd)
+        self._xattrs.clear()
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -178,6 +184,16 @@ class Lower:
         pin = self._pin(path)
         if pin is not None:
             return dict(pin.xattrs)
+        cached = self._xattrs.get(path)
+        if cached is None:
+            # the kernel asks for security.capability before every write: keep answers
+            cached = self._read_xattrs(path)
+            if len(self._xattrs) > 4096:
+                self._xattrs.clear()
+            self._xattrs[path] = cached
+        return dict(cached)
+
+    def _read_xattrs(self, path: bytes) -> dict[bytes, bytes]:
         if not path:
             proc = f"/proc/self/fd/{self.fd}"
         else:

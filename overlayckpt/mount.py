@@ -67,7 +67,8 @@ class Daemon:
         ticks = 0
         while True:
             await trio.sleep(SYNC_INTERVAL)
-            self.session.store.sync()
+            # in a thread: an fsync of many dirty pages must not stall requests
+            await trio.to_thread.run_sync(self.session.store.sync)
             ticks += 1
             if ticks % RETENTION_EVERY == 0:
                 thin(self.session.store, DEFAULT_BUDGET)

@@ -6,7 +6,6 @@ one place (see docs/design.md for the meaning of each table).
 """
 from __future__ import annotations
 
-import dataclasses
 import stat
 import struct
 from dataclasses import dataclass
@@ -89,7 +88,10 @@ class Node:
     parent: int = 0  # a directory that holds it (hint for pruning diff walks; 0: unknown)
 
     def pack(self) -> bytes:
-        return msgpack.packb(dataclasses.astuple(self))
+        # by hand: dataclasses.astuple deep-copies and is slow on the write path
+        return msgpack.packb((self.mode, self.uid, self.gid, self.size, self.atime_ns, self.mtime_ns,
+                              self.ctime_ns, self.nlink, self.rdev, self.origin, self.lower_valid,
+                              self.flags, self.target, self.parent))
 
     @classmethod
     def unpack(cls, raw: bytes) -> "Node":

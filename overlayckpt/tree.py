@@ -162,10 +162,10 @@ class Tree:
             self._lower_files.move_to_end(origin)
         return f
 
-    def forget_lower_file(self, origin: bytes) -> None:
-        f = self._lower_files.pop(origin, None)
-        if f is not None:
+    def forget_lower_files(self) -> None:
+        for f in self._lower_files.values():
             f.close()
+        self._lower_files.clear()
 
     def _lower_bytes(self, origin: bytes, off: int, size: int) -> bytes:
         data = self.lower_file(origin).pread(size, off)
