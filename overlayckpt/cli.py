@@ -98,7 +98,7 @@ def find_mount(explicit: str | None) -> str | None:
     candidate = explicit or os.environ.get("OVERLAYCKPT_MOUNT")
     if candidate:
         if not os.path.exists(os.path.join(candidate, ".overlayckpt", "ctl")):
-            if os.path.isdir(candidate) and client.is_stale(candidate):
+            if client.is_stale(candidate):
                 raise UserError(f"{candidate}: the daemon is gone (stale mount); "
                                 f"run 'overlayckpt mount' again to recover it")
             raise UserError(f"{candidate} is not an overlayckpt mount: check --mount")
@@ -150,7 +150,15 @@ def emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[
 
 # -- mount / unmount / run --------------------------------------------------
 
+def clear_stale(path: str) -> None:
+    """A mount whose daemon died answers ENOTCONN: lazily unmount it so we can mount again."""
+    if client.is_stale(path):
+        logging.getLogger(__name__).info("clearing stale mount at %s", path)
+        subprocess.run(["fusermount3", "-uz", path], check=False, capture_output=True)
+
+
 def resolve_repo(repo: str) -> str:
+    clear_stale(repo)
     if not os.path.exists(repo):
         raise UserError(f"repo {repo} does not exist: give the directory to overlay")
     if not os.path.isdir(repo):
@@ -161,9 +169,7 @@ def resolve_repo(repo: str) -> str:
 
 
 def prepare_mountpoint(mountpoint: str) -> None:
-    if client.is_stale(mountpoint):
-        logging.getLogger(__name__).info("clearing stale mount at %s", mountpoint)
-        subprocess.run(["fusermount3", "-uz", mountpoint], check=False, capture_output=True)
+    clear_stale(mountpoint)
     if not os.path.isdir(mountpoint):
         raise UserError(f"mountpoint {mountpoint} is not a directory: create it first")
     if os.path.exists(os.path.join(mountpoint, ".overlayckpt", "ctl")):
@@ -252,8 +258,9 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
 def cmd_unmount(args: argparse.Namespace) -> int:
     mountpoint = args.mountpoint or args.mount
     if mountpoint and client.is_stale(mountpoint):
-        subprocess.run(["fusermount3", "-uz", mountpoint], check=False, capture_output=True)
-        print(f"cleared stale mount at {mountpoint}", file=sys.stderr)
+        clear_stale(mountpoint)
+        print(f"cleared stale mount at {mountpoint} (its daemon was gone; the session is kept)",
+              file=sys.stderr)
         return 0
     target = find_mount(mountpoint)
     if target is None:
