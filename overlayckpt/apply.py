@@ -131,15 +131,11 @@ class Applier:
             return nodes, dirs
         nodes, dirs = self.s.store.read(fn)
         out: set[int] = {ROOT_INO}
-        for ino in set(nodes) | set(extra_nodes) | set(dirs) | set(extra_dirs):
-            seen = 0
-            while ino and ino not in out and seen < 4096:
-                raw = state.get(b"nodes", u64(ino))
-                node = Node.unpack(raw) if raw else None
-                if node is not None and node.is_dir:
-                    out.add(ino)
-                ino = node.parent if node else self.ov.parents.get(ino, (0, b""))[0]
-                seen += 1
+        for ino in set(nodes) | set(extra_nodes):
+            out |= self.ov.ancestors(state, ino)
+        for ino in set(dirs) | set(extra_dirs):
+            out.add(ino)
+            out |= self.ov.ancestors(state, ino)
         return out
 
     def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int]) -> dict[str, int]:
@@ -225,8 +221,14 @@ class Applier:
             if st is None:
                 os.mknod(name, node.mode, node.rdev, dir_fd=dfd)
             return
-        if ino in self.written and st is None:
+        if ino in self.written:  # another name of a file already written: a hard link
+            first = os.stat(self.written[ino], dir_fd=self.fd, follow_symlinks=False)
+            if st is not None and (st.st_dev, st.st_ino) == (first.st_dev, first.st_ino):
+                return
+            if st is not None:
+                self._remove(dfd, path, name, st)
             os.link(self.written[ino], name, src_dir_fd=self.fd, dst_dir_fd=dfd, follow_symlinks=False)
+            self.stats["written"] += 1
             return
         self.written.setdefault(ino, path)
         if (st is not None and not self.ov.has_record(state, ino) and node.origin == path

@@ -315,34 +315,8 @@ class Timeline:
     def _ancestors(self, r: ReadTxn, sa: Any, sb: Any, inos: set[int]) -> set[int]:
         out: set[int] = set()
         for state in (sa, sb, r):
-            todo = list(inos)
-            while todo:
-                ino = todo.pop()
-                if ino in out and ino not in inos:
-                    continue
-                raw = state.get(b"nodes", u64(ino))
-                parent = Node.unpack(raw).parent if raw else 0
-                if not parent:
-                    parent = self.ov.parents.get(ino, (0, b""))[0]
-                if not parent and ino != ROOT_INO:
-                    lp = self.ov.lower_paths.get(ino)
-                    if lp is not None:
-                        out |= self._lower_ancestors(lp)
-                if parent and parent not in out:
-                    out.add(parent)
-                    todo.append(parent)
-        out.add(ROOT_INO)
-        return out
-
-    def _lower_ancestors(self, path: bytes) -> set[int]:
-        out = {ROOT_INO}
-        parts = path.split(b"/")[:-1]
-        for i in range(len(parts)):
-            p = b"/".join(parts[:i + 1])
-            try:
-                out.add(self.ov.ino_of_lower(self.ov.lower.stat(p), p))
-            except FsError:
-                break
+            for ino in inos:
+                out |= self.ov.ancestors(state, ino)
         return out
 
     def _content(self, state: Any, ino: int, node: Node) -> tuple[int, bytes]:

@@ -235,6 +235,42 @@ class Tree:
             raise FsError(errno.ENODATA)
         return val
 
+    # -- ancestry -------------------------------------------------------------
+
+    def ancestors(self, s: State, ino: int) -> set[int]:
+        """The directories above ino in state s (to prune walks to what changed).
+
+        A node record carries a parent hint. An inode without one is a lower entry
+        that never moved (moving it would have given it a record), so its parent is
+        the lower directory above its lower path.
+        """
+        out: set[int] = set()
+        lower_path = self.lower_paths.get(ino)
+        for _ in range(4096):
+            if ino == ROOT_INO:
+                break
+            raw = s.get(b"nodes", u64(ino))
+            node = Node.unpack(raw) if raw else None
+            parent = (node.parent if node else 0) or self.parents.get(ino, (0, b""))[0]
+            origin = node.origin if node else lower_path
+            if not parent and origin:
+                parent_path = origin.rpartition(b"/")[0]
+                try:
+                    parent = self.ino_of_lower(self.lower.stat(parent_path), parent_path)
+                except FsError:
+                    parent = 0
+                lower_path = parent_path
+            elif origin is not None and parent:
+                lower_path = origin.rpartition(b"/")[0]
+            if not parent:
+                break
+            out.add(parent)
+            ino = parent
+            if lower_path is not None and self.lower_paths.get(ino) not in (None, lower_path):
+                lower_path = self.lower_paths[ino]
+        out.add(ROOT_INO)
+        return out
+
     # -- walking --------------------------------------------------------------
 
     def walk(self, s: State, ino: int = ROOT_INO, prefix: str = ""
