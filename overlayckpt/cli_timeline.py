@@ -46,8 +46,9 @@ def cmd_log(args: argparse.Namespace) -> int:
                 files += f" (+{len(c['files']) - 6} more)"
             name = f" [{c['name']}]" if c["name"] else ""
             proc = c["process"]["comm"] or "-"
+            delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
-                         f"{c['summary']}" + (f"\n       {files}" if files else ""))
+                         f"{c['summary']}" + (f"\n       {files}{delta}" if files else ""))
         return "\n".join(lines)
     return _emit(args, result, text)
 

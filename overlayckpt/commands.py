@@ -114,15 +114,29 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
     def fn(r: ReadTxn) -> list[dict[str, Any]]:
         out = []
-        for ck in reversed(tl.all(r)):
-            entry = checkpoint_entry(r, s, ck)
+        cks = tl.all(r)
+        for i in range(len(cks) - 1, -1, -1):
+            entry = checkpoint_entry(r, s, cks[i])
             if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
                 continue
+            if i > 0 and entry["files"] and cks[i].kind != "restore":
+                entry["added"], entry["removed"] = _line_counts(s, tl, r, cks[i - 1], cks[i],
+                                                                [f["path"] for f in entry["files"]])
             out.append(entry)
             if limit and len(out) >= limit:
                 break
         return out
     return {"checkpoints": s.store.read(fn)}
+
+
+def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
+                 paths: list[str]) -> tuple[int, int]:
+    """Lines added and removed by one checkpoint (cached: a checkpoint never changes)."""
+    key = (prev.id, ck.id)
+    if key not in s.line_counts:
+        counts = stat_lines(tl.changes(r, prev, ck, paths))
+        s.line_counts[key] = (sum(c[2] for c in counts), sum(c[3] for c in counts))
+    return s.line_counts[key]
 
 
 @command("restore")

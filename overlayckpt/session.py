@@ -67,6 +67,7 @@ class Session:
         self.repo = repo
         self.mountpoint = mountpoint
         self.apply_on_exit = False
+        self.line_counts: dict[tuple[int, int], tuple[int, int]] = {}  # see commands.log
         # set by the daemon: run kernel-cache invalidations after a restore
         self.invalidate: Callable[[list[int], list[tuple[int, bytes]]], Awaitable[None]] | None = None
         self.flush_kernel: Callable[[], Awaitable[None]] | None = None
