@@ -14,6 +14,7 @@ from typing import Any
 import blake3
 import msgpack
 
+from .journal import records
 from .records import T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64
 from .store import ReadTxn, Store, WriteTxn
 
@@ -115,7 +116,7 @@ def thin(store: Store, budget: int) -> dict[str, Any]:
         for lo, hi in zip(bounds, bounds[1:] + [1 << 62]):
             if not any(lo < d < hi for d in dropped_seqs):
                 continue
-            recs = list(_records_between(w, lo, hi))
+            recs = records(w, lo, hi)
             if len(recs) < 2:
                 continue
             first: dict[tuple[int, bytes], bytes | None] = {}
@@ -147,37 +148,3 @@ def thin(store: Store, budget: int) -> dict[str, Any]:
     if result["thinned"]:
         result.update(gc(store))
     return result
-
-
-def _records_between(r: ReadTxn, lo: int, hi: int) -> list[JournalRecord]:
-    out = []
-    for k, v in r.range_from(b"journal", u64(lo)):
-        seq = from_u64(k)
-        if seq >= hi:
-            break
-        out.append(JournalRecord.unpack(seq, v))
-    return out
-
-
-def repair(store: Store) -> dict[str, Any]:
-    """Drop what cannot be trusted: corrupt blocks and names of missing checkpoints.
-
-    A reference to a lost block stays (its file then reads as an I/O error at
-    that block), so nothing that is still intact is thrown away.
-    """
-    def fn(w: WriteTxn) -> dict[str, Any]:
-        dropped = []
-        for digest, raw in list(w.range_from(b"blocks")):
-            try:
-                ok = blake3.blake3(store.decode_block(raw)).digest() == digest
-            except Exception:
-                ok = False
-            if not ok:
-                w.delete(b"blocks", digest)
-                dropped.append(f"block {digest.hex()}")
-        for name, v in list(w.range_from(b"names")):
-            if w.get(b"ckpts", v) is None:
-                w.delete(b"names", name)
-                dropped.append(f"name {name.decode(errors='replace')}")
-        return {"dropped": dropped}
-    return store.write(fn)

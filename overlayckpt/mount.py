@@ -5,7 +5,6 @@ Order matters for in-place mounts: the repo is opened as a directory fd
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -123,22 +122,3 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             info["last_unmount"] = result
             write_info(store_dir, info)
     return 0
-
-
-def is_stale(path: str) -> bool:
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN
-    return False
-
-
-def fuse_mounts() -> dict[str, str]:
-    """mountpoint -> fs type for every FUSE mount."""
-    out: dict[str, str] = {}
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2].startswith("fuse"):
-                out[parts[1].replace("\\040", " ")] = parts[2]
-    return out
