@@ -385,6 +385,10 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(inode)
+        if name.startswith(b"system.posix_acl_"):
+            # Without ACL support in the kernel connection an ACL would be kept as an inert
+            # xattr and the mode left alone; refusing makes cp -p, sed -i & co. use chmod.
+            raise FsError(errno.EOPNOTSUPP)
         self.ov.setxattr(self._caller(ctx), inode, name, value)
 
     @translate_errors

@@ -148,3 +148,27 @@ def thin(store: Store, budget: int) -> dict[str, Any]:
     if result["thinned"]:
         result.update(gc(store))
     return result
+
+
+def repair(store: Store) -> dict[str, Any]:
+    """Drop what cannot be trusted: corrupt blocks and names of missing checkpoints.
+
+    A reference to a lost block stays (its file then reads as an I/O error at
+    that block), so nothing that is still intact is thrown away.
+    """
+    def fn(w: WriteTxn) -> dict[str, Any]:
+        dropped = []
+        for digest, raw in list(w.range_from(b"blocks")):
+            try:
+                ok = blake3.blake3(store.decode_block(raw)).digest() == digest
+            except Exception:
+                ok = False
+            if not ok:
+                w.delete(b"blocks", digest)
+                dropped.append(f"block {digest.hex()}")
+        for name, v in list(w.range_from(b"names")):
+            if w.get(b"ckpts", v) is None:
+                w.delete(b"names", name)
+                dropped.append(f"name {name.decode(errors='replace')}")
+        return {"dropped": dropped}
+    return store.write(fn)

@@ -61,6 +61,7 @@ def run(cmd: list[str], cwd: str | os.PathLike, env: dict[str, str] | None = Non
         "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
         "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C",
     })
+    full_env.pop("PYTHONDONTWRITEBYTECODE", None)  # tools behave as they would for a user
     if env:
         full_env.update(env)
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300,
