@@ -18,6 +18,7 @@ import os
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from .errors import FsError
 
@@ -26,6 +27,7 @@ _SYS_OPENAT2 = 437  # x86_64 and aarch64 share it
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
+CACHE_ENTRIES = 1 << 20  # lower stat results and listings kept in memory
 _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
 
 
@@ -93,7 +95,11 @@ class Lower:
         self.root_st = os.fstat(self.fd)
         self.pins = pins
         self._dirfds: OrderedDict[bytes, int] = OrderedDict()
+        # The repo does not change while mounted (only apply writes it, and it calls
+        # forget_cached), so what it answered once stays true.
         self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
+        self._stats: dict[bytes, Any] = {}
+        self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
 
     def close(self) -> None:
         self.forget_cached()
@@ -105,6 +111,8 @@ class Lower:
             os.close(fd)
         self._dirfds.clear()
         self._xattrs.clear()
+        self._stats.clear()
+        self._listings.clear()
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -129,16 +137,34 @@ class Lower:
             return pin.st
         if not path:
             return os.fstat(self.fd)
+        cached = self._stats.get(path)
+        if cached is not None:
+            return cached
         parent, name = split(path)
         ppin = self._pin(parent)
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
         try:
-            return os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
+            st = os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
         except OSError as e:
             raise FsError(e.errno or errno.EIO) from None
+        self._remember(self._stats, path, st)
+        return st
+
+    @staticmethod
+    def _remember(cache: dict[bytes, Any], key: bytes, value: Any) -> None:
+        if len(cache) > CACHE_ENTRIES:
+            cache.clear()
+        cache[key] = value
 
     def listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+        cached = self._listings.get(path)
+        if cached is None:
+            cached = self._listdir(path)
+            self._remember(self._listings, path, cached)
+        return cached
+
+    def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
         pin = self._pin(path)
         if pin is not None:
             out = []

@@ -102,19 +102,20 @@ class Timeline:
     def all(self, r: ReadTxn) -> list[Checkpoint]:
         return [Checkpoint.unpack(from_u64(k), v) for k, v in r.range_from(b"ckpts")]
 
+    def newest_first(self, r: ReadTxn) -> Iterator[Checkpoint]:
+        """Checkpoints from the newest back (stop early: the history may be long)."""
+        for k, v in r.range_from(b"ckpts", reverse=True):
+            yield Checkpoint.unpack(from_u64(k), v)
+
     def latest(self) -> Checkpoint | None:
-        def fn(r: ReadTxn) -> Checkpoint | None:
-            for k, v in r.range_from(b"ckpts", reverse=True):
-                return Checkpoint.unpack(from_u64(k), v)
-            return None
-        return self.store.read(fn)
+        return self.store.read(lambda r: next(self.newest_first(r), None))
 
     def get(self, r: ReadTxn, ref: Any) -> Checkpoint:
         """A checkpoint by id, name, or @before-last (the state before the last restore)."""
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
             raise UserError(f"checkpoint must be an id or a name, not {ref!r}")
         if isinstance(ref, str) and ref == "@before-last":
-            for ck in reversed(self.all(r)):
+            for ck in self.newest_first(r):
                 if ck.kind == "restore":
                     return self.get(r, ck.id - 1)  # see _mark_before_restore
             raise UserError("@before-last: there has been no restore yet")
@@ -202,7 +203,7 @@ class Timeline:
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
-        latest = self.all(w)[-1]
+        latest = next(self.newest_first(w))
         if latest.seq != next_seq(w) or latest.conv_head != w.meta_int(b"conv_head", 0):
             seq = next_seq(w)
             new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
@@ -264,8 +265,10 @@ class Timeline:
                 selected[(table, key)] = value
         chosen = {p.strip("/") for p in paths}
         others: set[str] = set()
-        for ck in self.all(r):
-            if ck.seq <= target.seq or ck.kind == "restore":
+        for ck in self.newest_first(r):
+            if ck.seq <= target.seq:
+                break
+            if ck.kind == "restore":
                 continue
             group = {p for rec in records(r, ck.start_seq, ck.seq) for p in rec.paths}
             if group & chosen:
