@@ -19,11 +19,10 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 
 from .errors import FsError
 from .lower import Pin, PinLookup, PinStat, join, openat2_beneath
-from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, u64
+from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, pack_obj, u64, unpack_obj
 from .store import ReadTxn, Store
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ def pin_lookup(store: Store) -> PinLookup | None:
         raw = store.read(lambda r: r.get(b"pinned", pin_key(path)))
         if raw is None:
             return None
-        rec = msgpack.unpackb(raw)
+        rec = unpack_obj(raw)
         st = PinStat(*rec["st"])
         read = None
         if rec.get("blocks") is not None:
@@ -111,7 +110,7 @@ class Applier:
                 rec["blocks"] = blocks
             finally:
                 f.close()
-        raw = msgpack.packb(rec)
+        raw = pack_obj(rec)
         store.write(lambda w: w.put(b"pinned", pin_key(path), raw))
         self.stats["pinned"] += 1
         if self.lower.pins is None:

@@ -122,8 +122,13 @@ def git_mode(mode: int) -> str | None:
     return None
 
 
+_SPECIAL = re.compile(rb'[\x00-\x1f"\\\x7f]')
+
+
 def cquote(path: bytes) -> bytes:
     """A path as a C-style quoted string, which fast-import always accepts."""
+    if not _SPECIAL.search(path):
+        return b'"' + path + b'"'
     out = bytearray(b'"')
     for c in path:
         if c in (0x22, 0x5C):
@@ -308,6 +313,7 @@ class GitExport:
             raise UserError(f"git fast-import failed: {err}")
         commits = self._read_marks(marks)
         exported = [{"id": ck.id, "commit": commits[ck.id + 1]} for ck in todo]
+        log.info("exported checkpoints %d..%d to %s", todo[0].id, todo[-1].id, self.ref)
         result.update(exported=exported, tip=exported[-1]["commit"], last=todo[-1].id,
                       remaining=remaining - len(todo))
         return result
@@ -394,7 +400,8 @@ class GitExport:
     async def _full_tree(self, git: Git, r: ReadTxn, stream: _Stream, ck: Checkpoint) -> None:
         """The first commit of a new branch: every file of ck, on top of the repo's HEAD."""
         state = self.tl.state(r, ck)
-        fmt = (await git.run("rev-parse", "--show-object-format")).stdout.strip().decode() or "sha1"
+        fmt = (await git.run("rev-parse", "--show-object-format")).stdout.strip().decode()
+        fmt = fmt if fmt in ("sha1", "sha256") else "sha1"  # git before 2.28 knows only sha1
         files: list[tuple[bytes, str, str, int, Node]] = []
         n = 0
         for path, ino, node in self._walk(state):
@@ -664,6 +671,13 @@ class _Bundle:
                             "'overlayckpt export bundle'")
         if header.get("version") != BUNDLE_VERSION or int(header.get("format", 0)) > FORMAT_VERSION:
             raise UserError(f"{path} is a bundle of a newer overlayckpt: upgrade overlayckpt to import it")
+        lower, pinned = header.get("lower", []), header.get("pinned", [])
+        if (not isinstance(header.get("block_size"), int) or not isinstance(lower, list)
+                or not isinstance(pinned, list) or not all(isinstance(t, str) for t in header["tables"])
+                or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
+                           and isinstance(e[1], bytes) for e in lower)
+                or not all(isinstance(p, bytes) for p in pinned)):
+            raise UserError(f"{path} is damaged (its header is malformed): export the bundle again")
         self.header = header
         self.tables = [t.encode() for t in header["tables"]]
         if any(t not in TABLES for t in self.tables):
@@ -723,15 +737,14 @@ def _store_is_empty(store: Store) -> bool:
 
 
 def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[str, Any]:
-    from .cli import resolve_repo
     bundle = _Bundle(path)
     try:
         header = bundle.header
         repo = repo or header.get("repo")
         if not repo or not os.path.isdir(repo):
-            raise UserError(f"the bundle's repo {repo} does not exist here: give --repo DIR "
+            raise UserError(f"the bundle's repo {repo} is not a directory here: give --repo DIR "
                             "(the same directory the session was recorded on)")
-        repo = resolve_repo(repo)
+        repo = os.path.realpath(repo)
         check_repo(header, repo)
         store_dir = os.path.abspath(store_dir or default_store_dir(repo))
         if os.path.exists(store_dir) and not os.path.isdir(store_dir):

@@ -12,10 +12,11 @@ import dataclasses
 from typing import Any
 
 import blake3
-import msgpack
 
 from .journal import records
-from .records import T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64
+from .records import (
+    T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
+)
 from .store import ReadTxn, Store, WriteTxn
 
 
@@ -29,7 +30,7 @@ def referenced_blocks(r: ReadTxn) -> set[bytes]:
             if table == T_BMAP and old:
                 refs.add(old)
     for _, v in r.range_from(b"pinned"):
-        refs.update(msgpack.unpackb(v).get("blocks") or ())
+        refs.update(unpack_obj(v).get("blocks") or ())
     refs.discard(ZERO_BLOCK)
     return refs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import stat
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
@@ -37,6 +38,15 @@ F_OPAQUE = 1  # directory: do not merge the lower directory's entries
 F_XATTRS_OWN = 2  # xattrs live entirely in the xattrs table (lower ones copied up)
 
 _U64 = struct.Struct(">Q")
+
+
+def pack_obj(obj: object) -> bytes:
+    # paths are str decoded with surrogateescape (names need not be UTF-8)
+    return msgpack.packb(obj, unicode_errors="surrogateescape")
+
+
+def unpack_obj(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, unicode_errors="surrogateescape")
 
 
 def u64(n: int) -> bytes:
@@ -89,13 +99,13 @@ class Node:
 
     def pack(self) -> bytes:
         # by hand: dataclasses.astuple deep-copies and is slow on the write path
-        return msgpack.packb((self.mode, self.uid, self.gid, self.size, self.atime_ns, self.mtime_ns,
+        return pack_obj((self.mode, self.uid, self.gid, self.size, self.atime_ns, self.mtime_ns,
                               self.ctime_ns, self.nlink, self.rdev, self.origin, self.lower_valid,
                               self.flags, self.target, self.parent))
 
     @classmethod
     def unpack(cls, raw: bytes) -> "Node":
-        return cls(*msgpack.unpackb(raw))
+        return cls(*unpack_obj(raw))
 
     @property
     def is_dir(self) -> bool:
@@ -129,14 +139,14 @@ class JournalRecord:
     undo: tuple[tuple[int, bytes, bytes | None], ...]
 
     def pack(self) -> bytes:
-        return msgpack.packb(
+        return pack_obj(
             [self.time_ns, self.pid, self.comm, self.op, list(self.paths), list(self.changes),
              [list(u) for u in self.undo]]
         )
 
     @classmethod
     def unpack(cls, seq: int, raw: bytes) -> "JournalRecord":
-        t, pid, comm, op, paths, changes, undo = msgpack.unpackb(raw)
+        t, pid, comm, op, paths, changes, undo = unpack_obj(raw)
         return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes),
                    tuple((u[0], u[1], u[2]) for u in undo))
 
@@ -158,17 +168,12 @@ class Checkpoint:
     conv_head: int = 0  # the last conversation line of the live branch at this checkpoint
 
     def pack(self) -> bytes:
-        return msgpack.packb([self.seq, self.start_seq, self.time_ns, self.kind, self.name,
+        return pack_obj([self.seq, self.start_seq, self.time_ns, self.kind, self.name,
                               self.message, self.pid, self.comm, self.restored_from, self.conv_head])
 
     @classmethod
     def unpack(cls, cid: int, raw: bytes) -> "Checkpoint":
-        return cls(cid, *msgpack.unpackb(raw))
+        return cls(cid, *unpack_obj(raw))
 
 
-def pack_obj(obj: object) -> bytes:
-    return msgpack.packb(obj)
 
-
-def unpack_obj(raw: bytes) -> object:
-    return msgpack.unpackb(raw)

@@ -24,3 +24,12 @@ def test_edits_stay_out_of_repo(mounted: Mount) -> None:
     assert (mounted.mnt / "hardlink.md").read_text() == "changed\n"
     assert (mounted.repo / "README.md").read_text() == "# demo\n\nhello\n"
     assert not (mounted.repo / "new.txt").exists()
+
+
+def test_names_need_not_be_utf8(mounted: Mount) -> None:
+    name = os.path.join(os.fsencode(mounted.mnt), b"caf\xe9.txt")
+    with open(name, "wb") as f:
+        f.write(b"latin-1 name\n")
+    assert b"caf\xe9.txt" in os.listdir(os.fsencode(mounted.mnt))
+    log = mounted.ctl({"cmd": "log"})
+    assert log["ok"] and any(f["path"] == "caf\udce9.txt" for c in log["checkpoints"] for f in c["files"])

@@ -1,0 +1,380 @@
+"""export git, export bundle and import, on recorded sessions over real mounts.
+
+The oracle for a commit is the checkpoint's own read-only view
+(`.overlayckpt/checkpoints/ID/`) minus anything inside a `.git`; the oracle for
+a bundle is the original session: every view and every restore must match.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, Mount, force_unmount, run_cli, tree_digest, wait_daemon_gone
+
+GIT_ENV = dict(os.environ, GIT_AUTHOR_NAME="user", GIT_AUTHOR_EMAIL="user@example.com",
+               GIT_COMMITTER_NAME="user", GIT_COMMITTER_EMAIL="user@example.com",
+               GIT_OPTIONAL_LOCKS="0", GIT_CONFIG_NOSYSTEM="1")
+
+
+def git(cwd: Path | str, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(["git", "-c", "protocol.file.allow=always", *args], cwd=cwd,
+                          capture_output=True, text=True, env=GIT_ENV)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed:\n{proc.stderr}")
+    return proc.stdout
+
+
+@pytest.fixture
+def git_repo(repo: Path, tmp_path: Path) -> Path:
+    """The sample repo as a git repo: commits, a second branch, a stash, an untracked
+    file, a nested repository and a submodule."""
+    sub_src = tmp_path / "sub-src"
+    sub_src.mkdir()
+    git(sub_src, "init", "-q")
+    (sub_src / "mod.c").write_text("int mod;\n")
+    git(sub_src, "add", "-A")
+    git(sub_src, "commit", "-qm", "sub")
+    git(repo, "init", "-q", "-b", "main")
+    nested = repo / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    git(nested, "init", "-q")
+    (nested / "lib.py").write_text("LIB = 1\n")
+    git(nested, "add", "-A")
+    git(nested, "commit", "-qm", "nested")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "init")
+    git(repo, "submodule", "add", "-q", str(sub_src), "sub")
+    git(repo, "commit", "-qm", "submodule")
+    git(repo, "branch", "feature")
+    (repo / "README.md").write_text("# stashed change\n")
+    git(repo, "stash", "-q")
+    (repo / "untracked.txt").write_text("not in git\n")
+    return repo
+
+
+def user_state(repo: Path) -> dict:
+    """Everything of the user's git state that export must not touch."""
+    g = repo / ".git"
+    refs = [line for line in git(repo, "for-each-ref", "--format=%(refname) %(objectname)").splitlines()
+            if not line.startswith("refs/heads/overlayckpt/")]
+    files = {name: (g / name).read_bytes() for name in ("HEAD", "index", "config", "packed-refs")
+             if (g / name).exists()}
+    work = {k: v for k, v in tree_digest(str(repo)).items() if k != ".git" and not k.startswith(".git/")}
+    return {"refs": refs, "files": files, "work": work, "modules": tree_digest(str(g / "modules")),
+            "stash": git(repo, "stash", "list", "--format=%H"),
+            "nested": git(repo / "vendor" / "lib", "rev-parse", "HEAD")}
+
+
+def blob_sha(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def view_tree(root: Path) -> dict[str, tuple[str, str]]:
+    """What git should hold of a tree: path -> (mode, blob sha), nothing inside a .git."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d.lower() != ".git"]
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            if name.lower() == ".git" or stat.S_ISDIR(st.st_mode):
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("120000", blob_sha(os.fsencode(os.readlink(p))))
+            elif stat.S_ISREG(st.st_mode):
+                mode = "100755" if st.st_mode & stat.S_IXUSR else "100644"
+                out[rel] = (mode, blob_sha(Path(p).read_bytes()))
+    return out
+
+
+def commit_tree(repo: Path, commit: str) -> dict[str, tuple[str, str]]:
+    raw = subprocess.run(["git", "ls-tree", "-r", "-z", commit], cwd=repo, capture_output=True,
+                         check=True, env=GIT_ENV).stdout
+    out = {}
+    for entry in raw.split(b"\0"):
+        if entry:
+            meta, path = entry.split(b"\t", 1)
+            mode, _, sha = meta.decode().split()
+            out[os.fsdecode(path)] = (mode, sha)
+    return out
+
+
+def exported(repo: Path, branch: str) -> dict[int, str]:
+    """Checkpoint id -> commit, for the commits of the branch that export made."""
+    out: dict[int, str] = {}
+    if git(repo, "rev-parse", "-q", "--verify", branch, check=False) == "":
+        return out
+    for rec in git(repo, "log", "-z", "--format=%H%n%B", branch).split("\0"):
+        sha, _, body = rec.strip("\n").partition("\n")
+        m = re.search(r"^Checkpoint-Id: (\d+)$", body, re.M)
+        if not m:
+            break  # the repo's own history below the exported commits
+        assert int(m.group(1)) not in out, "a checkpoint was exported twice"
+        out[int(m.group(1))] = sha
+    return out
+
+
+def checkpoint_ids(m: Mount) -> list[int]:
+    return sorted(int(n) for n in os.listdir(m.mnt / ".overlayckpt" / "checkpoints") if n.isdigit())
+
+
+def say(m: Mount, role: str, content: str, **extra: str) -> None:
+    with open(m.mnt / ".overlayckpt" / "conversation.jsonl", "a") as f:
+        f.write(json.dumps({"role": role, "content": content, **extra}) + "\n")
+
+
+def step(rng: random.Random, root: Path, i: int) -> None:
+    """One random agent edit, through files, the shell or git (which writes under .git)."""
+    files: list[Path] = []
+    dirs: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != ".git")
+        dirs += [Path(dirpath, d) for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        files += [Path(dirpath, f) for f in sorted(filenames)
+                  if f != ".git" and os.path.isfile(os.path.join(dirpath, f))
+                  and not os.path.islink(os.path.join(dirpath, f))]
+    op = rng.choice(["write", "append", "create", "delete", "rename", "chmod", "symlink",
+                     "rmtree", "sed", "truncate", "shell", "nested", "agent-git"])
+    if op == "write":
+        f = rng.choice(files)
+        with open(f, "r+b") as fh:
+            fh.seek(rng.randrange(0, max(1, f.stat().st_size)))
+            fh.write(f"edit {i}\n".encode() * rng.randrange(1, 500))
+    elif op == "append":
+        with open(rng.choice(files), "a") as fh:
+            fh.write(f"appended {i}\n")
+    elif op == "create":
+        (rng.choice([root] + dirs) / f"new{i}.txt").write_text(f"new file {i}\n" * rng.randrange(1, 50))
+    elif op == "delete":
+        rng.choice(files).unlink()
+    elif op == "rename":
+        rng.choice(files).rename(rng.choice([root] + dirs) / f"moved{i}")
+    elif op == "chmod":
+        rng.choice(files).chmod(rng.choice([0o600, 0o644, 0o755]))
+    elif op == "symlink":
+        (rng.choice([root] + dirs) / f"link{i}").symlink_to(f"target{i}")
+    elif op == "rmtree":
+        d = rng.choice(dirs)
+        if d.name not in ("vendor", "lib", "sub"):  # keep the nested repos' .git
+            shutil.rmtree(d)
+    elif op == "sed":
+        subprocess.run(["sed", "-i", "s/e/E/", str(rng.choice(files))], check=True)
+    elif op == "truncate":
+        os.truncate(rng.choice(files), rng.randrange(0, 3000))
+    elif op == "shell":
+        subprocess.run(f"mkdir -p sh{i}/a && echo {i} > sh{i}/a/f && cp -r sh{i} sh{i}b && "
+                       f"rm -rf sh{i}/a && echo {i} > sh{i}/a", shell=True, cwd=root, check=True)
+    elif op == "nested" and (root / "vendor" / "lib").is_dir():
+        (root / "vendor" / "lib" / f"lib{i}.py").write_text(f"X = {i}\n")
+    elif op == "agent-git" and (root / ".git").is_dir():
+        git(root, "add", "-A", check=False)
+        git(root, "commit", "-qm", f"agent {i}", check=False)
+
+
+def record(m: Mount, seed: int, steps: int, trees: bool = True) -> dict[int, dict]:
+    """A random session with named checkpoints, a restore and conversation; returns the
+    live tree at each named checkpoint (if trees)."""
+    rng = random.Random(seed)
+    live: dict[int, dict] = {}
+    for i in range(steps):
+        say(m, "user", f"step {i}\nplease")
+        step(rng, m.mnt, i)
+        say(m, "assistant", f"did step {i}", tool="Bash")
+        live[m.ctl({"cmd": "checkpoint"})["id"]] = tree_digest(str(m.mnt)) if trees else {}
+        if i == steps // 2:
+            assert m.ctl({"cmd": "restore", "id": min(live)})["ok"]
+            cid = m.ctl({"cmd": "checkpoint", "name": "after-restore"})["id"]
+            live[cid] = tree_digest(str(m.mnt)) if trees else {}
+    return live
+
+
+def assert_commits_match_views(m: Mount, repo: Path, branch: str, since: int = 0) -> dict[int, str]:
+    commits = exported(repo, branch)
+    assert sorted(commits) == checkpoint_ids(m)
+    for cid, sha in commits.items():
+        if cid < since:
+            continue
+        assert commit_tree(repo, sha) == view_tree(m.mnt / ".overlayckpt" / "checkpoints" / str(cid)), \
+            f"commit of checkpoint {cid} differs from its view"
+    return commits
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_export_git_every_checkpoint_untouched_user_state(git_repo: Path, mount_factory) -> None:
+    repo = git_repo
+    before = user_state(repo)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    m = mount_factory(repo)
+    odd = m.mnt / "odd"
+    odd.mkdir()
+    for name in ("sp ace.txt", 'q"uote', "new\nline", "tab\tx", "\u00e9t\u00e9"):
+        (odd / name).write_text(name)
+    (odd / ".Git").mkdir()  # what git would refuse: never exported
+    (odd / ".Git" / "config").write_text("[core]\n")
+    os.mkfifo(odd / "fifo")
+    record(m, seed=7, steps=10, trees=False)
+    branch = "overlayckpt/store-mnt"
+
+    out = m.cli("export", "git").stdout
+    assert out.startswith("exported ")
+    commits = assert_commits_match_views(m, repo, branch)
+    assert git(repo, "rev-parse", f"{commits[0]}^").strip() == head  # on top of the user's HEAD
+    message = git(repo, "log", "-1", "--format=%B", commits[max(commits)])
+    assert "Checkpoint-Kind: named" in message and "Overlayckpt-Session: store-mnt" in message
+    step_msgs = [git(repo, "log", "-1", "--format=%B", c) for c in commits.values()]
+    assert any("  user: step 3\n    please" in msg and "assistant [Bash]: did step 3" in msg
+               for msg in step_msgs), "conversation lines missing from the messages"
+    assert user_state(repo) == before
+
+    tip = git(repo, "rev-parse", branch)
+    again = m.cli("export", "git", "--json")
+    assert json.loads(again.stdout)["exported"] == []  # idempotent
+    assert git(repo, "rev-parse", branch) == tip
+
+    (m.mnt / "later.txt").write_text("later\n")
+    cid = m.ctl({"cmd": "checkpoint", "name": "later"})["id"]
+    later = json.loads(m.cli("export", "git", "--json").stdout)
+    assert [e["id"] for e in later["exported"]][-1] == cid
+    assert git(repo, "rev-parse", f"{later['exported'][0]['commit']}^").strip() == tip.strip()
+    assert_commits_match_views(m, repo, branch, since=later["exported"][0]["id"])
+    assert user_state(repo) == before
+
+    # the nested repository and the submodule keep their .git, in the repo and in the mount
+    assert git(m.mnt / "vendor" / "lib", "rev-parse", "HEAD") == before["nested"]
+    assert (m.mnt / "sub" / ".git").read_text().startswith("gitdir:")
+
+    # another branch from a named checkpoint on, offline after unmount: the same trees
+    commits = exported(repo, branch)
+    force_unmount(str(m.mnt))
+    wait_daemon_gone(m.store)
+    run_cli("--store", str(m.store), "export", "git", "--branch", "review", "--since", "after-restore")
+    review = exported(repo, "review")
+    start = min(c for c in commits if "Checkpoint-Name: after-restore" in
+                git(repo, "log", "-1", "--format=%B", commits[c]))
+    assert sorted(review) == [c for c in sorted(commits) if c >= start]
+    for cid, sha in review.items():
+        assert git(repo, "rev-parse", f"{sha}^{{tree}}") == git(repo, "rev-parse", f"{commits[cid]}^{{tree}}")
+    git(repo, "update-ref", "-d", "refs/heads/review")
+    assert user_state(repo) == before
+
+
+def test_export_git_from_an_in_place_mount(git_repo: Path, tmp_path: Path) -> None:
+    """In place, the repo's .git is only reachable under the mount: the daemon reaches it
+    through its lower fd and must neither deadlock nor write through the mount."""
+    repo = git_repo
+    store = tmp_path / "store-inplace"
+    run_cli("mount", str(repo), "--store", str(store), "--no-apply")
+    try:
+        m = Mount(repo, repo, store)
+        (repo / "README.md").write_text("# edited in place\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "agent commit in the mount")
+        m.ctl({"cmd": "checkpoint", "name": "done"})
+        m.cli("export", "git", "--branch", "inplace")
+        assert_commits_match_views(m, repo, "inplace")
+        journal = m.ctl({"cmd": "status"})["journal"]
+        m.cli("export", "git", "--branch", "inplace")
+        assert m.ctl({"cmd": "status"})["journal"] == journal, "export wrote through the mount"
+    finally:
+        force_unmount(str(repo))
+        wait_daemon_gone(store)
+    assert "Checkpoint-Name: done" in git(repo, "log", "-1", "--format=%B", "inplace")
+    assert git(repo, "log", "-1", "--format=%s", "main").strip() == "submodule"  # --no-apply
+    assert run_cli("--store", str(store), "fsck").returncode == 0
+
+
+def test_export_git_every_until_interrupted(git_repo: Path, mount_factory) -> None:
+    m = mount_factory(git_repo)
+    proc = subprocess.Popen(CLI + ["--mount", str(m.mnt), "export", "git", "--every", "0.3s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        (m.mnt / "a.txt").write_text("a\n")
+        cid = m.ctl({"cmd": "checkpoint", "name": "a"})["id"]
+        deadline = time.monotonic() + 30
+        while cid not in exported(git_repo, "overlayckpt/store-mnt"):
+            assert time.monotonic() < deadline, "--every did not export the new checkpoint"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "exported" in out
+
+
+def test_bundle_import_restores_every_checkpoint(repo: Path, mount_factory, tmp_path: Path) -> None:
+    m = mount_factory(repo)
+    live = record(m, seed=3, steps=8)
+    log = m.ctl({"cmd": "log"})["checkpoints"]
+    ids = checkpoint_ids(m)
+    assert ids == sorted(c["id"] for c in log)
+    views = {cid: tree_digest(str(m.mnt / ".overlayckpt" / "checkpoints" / str(cid))) for cid in ids}
+    bundle = tmp_path / "session.bundle"
+    m.cli("export", "bundle", str(bundle))
+    assert "inside the mount" in one_line_error(m.cli("export", "bundle", str(m.mnt / "x"), check=False))
+    assert "not a git repository" in one_line_error(m.cli("export", "git", check=False))
+    force_unmount(str(m.mnt))
+    wait_daemon_gone(m.store)
+
+    copy = tmp_path / "repo-copy"
+    shutil.copytree(repo, copy, symlinks=True)  # same content, other inodes: not the same repo
+    bad = run_cli("import", str(bundle), "--store", str(tmp_path / "store-x"), "--repo", str(copy),
+                  check=False)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "store-x").exists()
+
+    run_cli("import", str(bundle), "--store", str(tmp_path / "store-imp"))
+    twice = run_cli("import", str(bundle), "--store", str(tmp_path / "store-imp"), check=False)
+    assert twice.returncode == 1 and "already holds a session" in twice.stderr
+    m2 = mount_factory(repo, name="imp")
+    assert m2.ctl({"cmd": "log"})["checkpoints"] == log
+    for cid in ids:
+        assert tree_digest(str(m2.mnt / ".overlayckpt" / "checkpoints" / str(cid))) == views[cid], \
+            f"checkpoint {cid} differs after import"
+    for cid, digest in live.items():
+        assert m2.ctl({"cmd": "restore", "id": cid})["ok"]
+        assert tree_digest(str(m2.mnt)) == digest, f"checkpoint {cid} did not restore exactly"
+
+
+def test_bad_inputs_fail_with_one_line(git_repo: Path, mount_factory, tmp_path: Path) -> None:
+    m = mount_factory(git_repo)
+    assert "unknown checkpoint" in one_line_error(m.cli("export", "git", "--since", "999", check=False))
+    assert "branch name" in one_line_error(m.cli("export", "git", "--branch", "a..b", check=False))
+    git(git_repo, "branch", "mine")
+    assert "not made by" in one_line_error(m.cli("export", "git", "--branch", "mine", check=False))
+    assert "checked out" in one_line_error(m.cli("export", "git", "--branch", "main", check=False))
+    assert "does not exist" in one_line_error(
+        m.cli("export", "bundle", str(tmp_path / "no" / "such" / "dir" / "x.bundle"), check=False))
+
+    garbage = tmp_path / "garbage.bundle"
+    garbage.write_bytes(os.urandom(4096))
+    target = tmp_path / "store-new"
+    assert "not a valid overlayckpt bundle" in one_line_error(
+        run_cli("import", str(garbage), "--store", str(target), check=False))
+    assert not target.exists()
+
+    # a truncated bundle leaves no half-filled store behind
+    good = tmp_path / "good.bundle"
+    m.cli("export", "bundle", str(good))
+    cut = tmp_path / "cut.bundle"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    one_line_error(run_cli("import", str(cut), "--store", str(target), check=False))
+    assert not target.exists()
+
