@@ -111,15 +111,19 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(limit, int) or limit < 0:
         raise UserError('"limit" must be a non-negative integer')
     file = _opt_str(cmd, "file")
+    # lines added/removed cost a diff each: only for the newest entries
+    counted = cmd.get("lines", 20)
+    if not isinstance(counted, int) or counted < 0:
+        raise UserError('"lines" must be a non-negative integer')
 
     def fn(r: ReadTxn) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         cks = tl.all(r)
         for i in range(len(cks) - 1, -1, -1):
             entry = checkpoint_entry(r, s, cks[i])
             if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
                 continue
-            if i > 0 and entry["files"] and cks[i].kind != "restore":
+            if len(out) < counted and i > 0 and entry["files"] and cks[i].kind != "restore":
                 entry["added"], entry["removed"] = _line_counts(s, tl, r, cks[i - 1], cks[i],
                                                                 [f["path"] for f in entry["files"]])
             out.append(entry)
