@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 
 from .errors import FsError
 from .lower import Pin, PinLookup, PinStat, join, openat2_beneath
-from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, pack_obj, u64, unpack_obj
+from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, pack_obj, unpack_obj
 from .store import ReadTxn, Store
 
 if TYPE_CHECKING:
@@ -44,12 +45,12 @@ def pin_lookup(store: Store) -> PinLookup | None:
             return None
         rec = unpack_obj(raw)
         st = PinStat(*rec["st"])
-        read = None
+        read: Callable[[int, int], bytes] | None = None
         if rec.get("blocks") is not None:
             blocks: list[bytes] = rec["blocks"]
             size = st.st_size
 
-            def read(n: int, off: int) -> bytes:
+            def read_pinned(n: int, off: int) -> bytes:
                 end = min(size, off + n)
                 if off >= end:
                     return b""
@@ -62,6 +63,7 @@ def pin_lookup(store: Store) -> PinLookup | None:
                     out.append(data[pos - b * bs:stop - b * bs])
                     pos = stop
                 return b"".join(out)
+            read = read_pinned
         entries = rec.get("entries")
         return Pin(st, None if entries is None else set(entries), read, rec.get("target"), rec.get("xattrs") or {})
     return lookup

@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import trio
-
 from . import client
 from .errors import FsError, UserError
 from .records import DEFAULT_BLOCK_SIZE

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from .records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
 from .store import ReadTxn, WriteTxn
 
-DEFAULT_WINDOW = 1.0
 
 
 @dataclass(slots=True)

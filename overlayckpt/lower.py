@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -92,7 +91,6 @@ class Lower:
             self.fd = os.open(self.root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
             raise FsError(e.errno or errno.EIO, f"cannot open repo {root}: {e.strerror}") from None
-        self.root_st = os.fstat(self.fd)
         self.pins = pins
         self._dirfds: OrderedDict[bytes, int] = OrderedDict()
         # The repo does not change while mounted (only apply writes it, and it calls
@@ -256,6 +254,3 @@ class LowerFile:
             os.close(self.fd)
             self.fd = -1
 
-
-def is_dir_mode(mode: int) -> bool:
-    return stat.S_ISDIR(mode)

@@ -13,7 +13,6 @@ may restore them, and gc drops them once nothing refers to them.
 from __future__ import annotations
 
 import errno
-import os
 import stat
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,7 +23,7 @@ from .lower import Lower
 from .records import (
     CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
     T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key, dirent_key,
-    from_u64, u64, xattr_key,
+    u64, xattr_key,
 )
 from .store import Store, WriteTxn
 from .tree import Tree
@@ -243,7 +242,8 @@ class Overlay(Tree):
         self._check_name(p1, n1)
 
         def fn(m: Mutation) -> int | None:
-            pn1, pn2 = self._dir(m, p1), self._dir(m, p2)
+            pn1 = self._dir(m, p1)
+            self._dir(m, p2)
             src = self.lookup(m, p1, n1)
             dst = self._exists(m, p2, n2)
             snode = self._own(m, src)

@@ -16,7 +16,6 @@ from typing import Any
 from .errors import UserError
 from .lower import Lower
 from .overlay import Overlay
-from .records import ROOT_INO
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -147,6 +146,3 @@ async def _set_apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     s.apply_on_exit = value
     return {"apply_on_unmount": value}
 
-
-def root_ino() -> int:
-    return ROOT_INO

@@ -141,7 +141,7 @@ class Store:
 
     @classmethod
     def open(cls, path: str, *, create: bool = True, block_size: int | None = None,
-             lock: bool = True, readonly: bool = False) -> "Store":
+             lock: bool = True) -> "Store":
         if not os.path.isdir(path):
             if not create:
                 raise UserError(f"no session store at {path}: mount the repo first or check --store")

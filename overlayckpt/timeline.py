@@ -11,7 +11,6 @@ names it changed.
 from __future__ import annotations
 
 import os
-import stat
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -355,6 +354,3 @@ class Timeline:
             change = "A" if ca is None else "D" if cb is None else "M"
             out.append(FileChange(path, change, ca, cb))
 
-
-def is_exec(mode: int) -> bool:
-    return bool(mode & stat.S_IXUSR)

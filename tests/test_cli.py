@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from conftest import force_unmount, run_cli, tree_digest, wait_daemon_gone

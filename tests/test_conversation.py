@@ -5,7 +5,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
