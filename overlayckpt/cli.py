@@ -108,6 +108,9 @@ def find_mount(explicit: str | None) -> str | None:
     while True:
         if os.path.exists(os.path.join(d, ".overlayckpt", "ctl")):
             return d
+        if client.is_stale(d):
+            raise UserError(f"{d}: the daemon is gone (stale mount); run 'overlayckpt mount' "
+                            "again to recover it")
         parent = os.path.dirname(d)
         if parent == d:
             return None

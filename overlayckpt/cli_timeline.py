@@ -136,9 +136,9 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     result = _target(args).call({"cmd": "fsck", "repair": args.repair})
     _emit(args, result, lambda r: "\n".join(
         [f"repaired: {x}" for x in r["repaired"]] + r["problems"]
-        + [f"{'clean' if r['ok'] else 'DAMAGED'}: {r['blocks']} blocks, {r['checkpoints']} checkpoints, "
+        + [f"{'clean' if r['clean'] else 'DAMAGED'}: {r['blocks']} blocks, {r['checkpoints']} checkpoints, "
            f"{r['journal']} journal records"]))
-    return 0 if result["ok"] else 1
+    return 0 if result["clean"] else 1
 
 
 def cmd_gc(args: argparse.Namespace) -> int:

@@ -70,8 +70,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_stale(path: str) -> bool:
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN
+    """A mount whose daemon is gone. The root's attributes may still be cached in the
+    kernel, so look at the control file too (it is never cached)."""
+    for p in (path, os.path.join(path, ".overlayckpt", "ctl")):
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                return True
     return False

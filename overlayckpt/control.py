@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ import pyfuse3
 
 from .errors import FsError, UserError
 from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
+
+log = logging.getLogger(__name__)
 
 DIR_INO = CONTROL_INO_BASE + 1
 CTL_INO = CONTROL_INO_BASE + 2
@@ -160,53 +163,77 @@ class ControlFs:
         return (h.snapshot or b"")[off:off + size]
 
     async def write(self, h: ControlHandle, off: int, buf: bytes) -> int:
-        if h.ino == CONV_INO:
-            return self._append_conversation(h, buf)
-        if h.ino != CTL_INO:
+        if h.ino not in (CTL_INO, CONV_INO):
             raise FsError(errno.EROFS if h.ino >= VIEW_INO_BASE else errno.EPERM)
-        h.pending += buf
-        if len(h.pending) > MAX_LINE:
-            h.pending.clear()
-            self._reply(h, {"ok": False, "error": f"command longer than {MAX_LINE} bytes"})
-            raise FsError(errno.EINVAL)
-        failed = False
-        while b"\n" in h.pending:
-            line, _, rest = bytes(h.pending).partition(b"\n")
-            h.pending[:] = rest
-            if line.strip():
-                failed |= not await self._run(h, line)
-        if h.pending.strip():
+        lines = self._take_lines(h, buf)
+        if h.ino == CTL_INO and h.pending.strip() and not h.discarding:
             # a last command without its newline still runs if it is complete JSON
             try:
                 json.loads(h.pending)
-            except ValueError:
+            except Exception:
                 pass
             else:
-                line = bytes(h.pending)
+                lines.append(bytes(h.pending))
                 h.pending.clear()
+        failed = False
+        for line in lines:
+            if line is None:
+                failed = True
+                if h.ino == CTL_INO:
+                    self._reply(h, {"ok": False, "error": f"line longer than {MAX_LINE} bytes: "
+                                                         "this handle takes no more; reopen ctl"})
+            elif h.ino == CTL_INO:
                 failed |= not await self._run(h, line)
+            else:
+                try:
+                    self.session.conversation_append(line)
+                except UserError:
+                    failed = True
         if failed:
             raise FsError(errno.EINVAL)
         return len(buf)
+
+    @staticmethod
+    def _take_lines(h: ControlHandle, buf: bytes) -> list[bytes | None]:
+        """The complete, non-blank lines buf finishes; None for a line over MAX_LINE.
+
+        After an over-long line the handle refuses everything: a writer retrying
+        after EINVAL would otherwise have the tail of that line run as a command.
+        """
+        if h.discarding:
+            return [None]
+        out: list[bytes | None] = []
+        h.pending += buf
+        while b"\n" in h.pending:
+            line, _, rest = bytes(h.pending).partition(b"\n")
+            h.pending[:] = rest
+            if len(line) > MAX_LINE:
+                h.discarding = True
+                h.pending.clear()
+                return out + [None]
+            if line.strip():
+                out.append(line)
+        if len(h.pending) > MAX_LINE:
+            h.pending.clear()
+            h.discarding = True
+            out.append(None)
+        return out
 
     async def _run(self, h: ControlHandle, line: bytes) -> bool:
         try:
             cmd = json.loads(line)
             if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
                 raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
-        except (ValueError, UnicodeDecodeError) as e:
+            result = await self.session.command(cmd)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
             return False
-        except UserError as e:
+        except (UserError, FsError) as e:
             self._reply(h, {"ok": False, "error": str(e)})
             return False
-        try:
-            result = await self.session.command(cmd)
-        except UserError as e:
-            self._reply(h, {"ok": False, "error": str(e)})
-            return False
-        except FsError as e:
-            self._reply(h, {"ok": False, "error": str(e)})
+        except Exception as e:  # a bad command must never take the daemon or the reply down
+            log.exception("control command failed: %r", line[:200])
+            self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
             return False
         self._reply(h, {"ok": True, **result})
         return True
@@ -214,27 +241,6 @@ class ControlFs:
     @staticmethod
     def _reply(h: ControlHandle, obj: dict[str, Any]) -> None:
         h.reply += (json.dumps(obj) + "\n").encode()
-
-    def _append_conversation(self, h: ControlHandle, buf: bytes) -> int:
-        if h.discarding:  # the rest of a line already refused as too long
-            if b"\n" not in buf:
-                raise FsError(errno.EINVAL)
-            buf = buf.split(b"\n", 1)[1]
-            h.discarding = False
-        h.pending += buf
-        if len(h.pending) > MAX_LINE and b"\n" not in h.pending:
-            h.pending.clear()
-            h.discarding = True
-            raise FsError(errno.EINVAL)
-        while b"\n" in h.pending:
-            line, _, rest = bytes(h.pending).partition(b"\n")
-            h.pending[:] = rest
-            if line.strip():
-                try:
-                    self.session.conversation_append(line)
-                except UserError:
-                    raise FsError(errno.EINVAL) from None
-        return len(buf)
 
     async def release(self, h: ControlHandle) -> None:
         if h.ino == CONV_INO and h.pending.strip():

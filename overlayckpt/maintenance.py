@@ -75,7 +75,7 @@ def fsck(store: Store) -> dict[str, Any]:
         return {"blocks": nblocks, "referenced": len(refs), "checkpoints": len(ids),
                 "journal": r.count(b"journal")}
     result = store.read(fn)
-    return {"ok": not problems, "problems": problems, **result}
+    return {"clean": not problems, "problems": problems, **result}
 
 
 def gc(store: Store) -> dict[str, Any]:

@@ -206,13 +206,19 @@ class Store:
                 if attempt:
                     raise FsError(errno.ENOSPC, "store map full") from None
                 self._grow()
-            except lmdb.DiskError:
-                raise FsError(errno.ENOSPC, "no space left for the store") from None
             except lmdb.Error as e:
-                if "No space left" in str(e):
+                # a full disk shows up as ENOSPC, or as EIO from a short write at commit
+                if isinstance(e, lmdb.DiskError) or "No space left" in str(e) or self._disk_full():
                     raise FsError(errno.ENOSPC, "no space left for the store") from None
                 raise
         raise AssertionError("unreachable")
+
+    def _disk_full(self) -> bool:
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < 4 << 20
 
     def _grow(self) -> None:
         new = self.env.info()["map_size"] * 2

@@ -125,7 +125,7 @@ class Timeline:
             raw = r.get(b"names", ref.encode())
             if raw is not None:
                 cid = from_u64(raw)
-        raw = r.get(b"ckpts", u64(cid)) if cid is not None and cid < 1 << 63 else None
+        raw = r.get(b"ckpts", u64(cid)) if cid is not None and 0 <= cid < 1 << 63 else None
         if raw is None:
             raise UserError(f"unknown checkpoint {ref!r}: 'overlayckpt log' lists them")
         return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]

@@ -285,6 +285,8 @@ class Tree:
 
     def resolve(self, s: State, path: str) -> int:
         """The inode at a path relative to the root, never following symlinks."""
+        if "\0" in path:
+            raise FsError(errno.EINVAL, "a path cannot contain a NUL byte")
         ino = ROOT_INO
         for part in path.strip("/").split("/"):
             if part in ("", "."):
