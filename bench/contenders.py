@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.gen import GIT_ENV, Repo
@@ -180,7 +181,13 @@ class Contender:
     def restore(self, ckpt: str) -> None:
         raise ContenderError(f"{self.name} has no checkpoints")
 
-    def pad_history(self, count: int, step) -> None:
+    def restore_back(self, n_back: int) -> str:
+        """Restore the checkpoint *n_back* before the newest one we made; return its id."""
+        target = self.ckpts[-1 - n_back]
+        self.restore(target)
+        return target
+
+    def pad_history(self, count: int, step: Callable[[int], object]) -> None:
         """Add *count* checkpoints; default: *count* times (one edit via step(), checkpoint)."""
         for i in range(count):
             step(i)
@@ -235,8 +242,11 @@ class _FuseDaemon(Contender):
 
     def _start(self) -> None:
         with open(self.log_path, "ab") as logf:
+            # Own session: a Ctrl-C meant for the harness must not kill the daemon
+            # under a mounted filesystem; teardown stops it by unmounting.
             self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=logf,
-                                         stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT)
+                                         stdin=subprocess.DEVNULL, cwd=PROJECT_ROOT,
+                                         start_new_session=True)
         wait_mounted(self.root, self.proc, self.log_path)
         self._note_fuse_conn()
 
@@ -347,7 +357,7 @@ class ShadowGit(Contender):
         # Update index and work tree to the commit, deleting files it lacks.
         self._git("read-tree", "-u", "--reset", ckpt)
 
-    def pad_history(self, count: int, step) -> None:
+    def pad_history(self, count: int, step: Callable[[int], object]) -> None:
         """Pad with empty commits via one fast-import: history length is what matters here."""
         if count <= 0:
             return
@@ -367,13 +377,22 @@ class ShadowGit(Contender):
             m, sha = line.split()
             shas[int(m[1:])] = sha
         self.ckpts.extend(shas[i + 1] for i in range(count))
+        self.notes.append(f"history padded with {count} empty commits (git fast-import): only the "
+                          "length of history matters to git, and real ones would take hours at 100k files")
 
     def store_bytes(self) -> tuple[int, int]:
         return tree_bytes(self.git_dir)
 
 
 class Overlayckpt(Contender):
-    """overlayckpt, driven through its CLI exactly as a user would."""
+    """overlayckpt: mounted and unmounted through its CLI.
+
+    Checkpoints and restores go through the daemon's control file, the channel
+    the CLI itself uses (``overlayckpt.client.send``), so the numbers are the
+    mechanism's cost; ``checkpoint_cli`` / ``restore_cli`` time the CLI as a
+    user or agent hook would run it (process start-up included). Without an
+    importable client, everything goes through the CLI.
+    """
 
     name = "overlayckpt"
     is_fuse = True
@@ -385,6 +404,12 @@ class Overlayckpt(Contender):
         self.repo_copy = self.workdir / "repo"
         exe = Path(sys.executable).parent / "overlayckpt"
         self.exe = str(exe) if exe.exists() else (shutil.which("overlayckpt") or "")
+        try:
+            from overlayckpt.client import send  # the CLI's own control-channel client
+            self._send = send
+        except Exception as e:  # noqa: BLE001 - any import failure means: use the CLI
+            self._send = None
+            self.notes.append(f"control client not importable ({type(e).__name__}); checkpoints via CLI")
 
     def _cli(self, *args: str, timeout: float = 600) -> str:
         try:
@@ -396,6 +421,12 @@ class Overlayckpt(Contender):
             raise ContenderError(f"overlayckpt {args[0]} exited {r.returncode}: "
                                  f"{(r.stderr or r.stdout).strip()[-800:]}")
         return r.stdout
+
+    def _ctl(self, cmd: dict) -> dict:
+        try:
+            return self._send(str(self.root), cmd)
+        except Exception as e:  # noqa: BLE001 - UserError and friends
+            raise ContenderError(f"control {cmd['cmd']}: {type(e).__name__}: {e}") from e
 
     def _mount(self) -> None:
         self._cli("mount", str(self.repo_copy), str(self.root), "--store", str(self.store),
@@ -429,6 +460,11 @@ class Overlayckpt(Contender):
         return is_mounted(self.root)
 
     def checkpoint(self) -> str:
+        if self._send is None:
+            return self.checkpoint_cli()
+        return str(self._ctl({"cmd": "checkpoint", "name": None, "message": None})["id"])
+
+    def checkpoint_cli(self) -> str:
         out = self._cli("checkpoint", "--mount", str(self.root), "--json")
         try:
             return str(json.loads(out)["id"])
@@ -436,6 +472,13 @@ class Overlayckpt(Contender):
             raise ContenderError(f"checkpoint --json printed {out[:200]!r}") from e
 
     def restore(self, ckpt: str) -> None:
+        if self._send is None:
+            return self.restore_cli(ckpt)
+        reply = self._ctl({"cmd": "restore", "id": int(ckpt)})
+        if reply.get("warnings"):
+            self.notes.append(f"restore {ckpt} warned: {reply['warnings'][:3]}")
+
+    def restore_cli(self, ckpt: str) -> None:
         self._cli("restore", ckpt, "--mount", str(self.root))
 
     def store_bytes(self) -> tuple[int, int]:

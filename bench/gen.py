@@ -80,7 +80,7 @@ def _word(rng: random.Random, lo: int = 2, hi: int = 4) -> str:
     return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(lo, hi)))
 
 
-def _vocabulary(rng: random.Random, count: int = 4000) -> list[bytes]:
+def vocabulary(rng: random.Random, count: int = 4000) -> list[bytes]:
     """A pool of code-like lines; files are sampled from it (fast, compressible like code)."""
     lines = []
     for _ in range(count):
@@ -141,7 +141,7 @@ def _layout(rng: random.Random, n_files: int) -> list[tuple[str, str]]:
         ("README.md", "text"), ("package.json", "text"), (".gitignore", "gitignore"),
         (BIG_FILE, "bin"),
     ]
-    n_bins = {True: 1}.get(n_files <= 2000, max(2, min(10, n_files // 12000 + 2)))
+    n_bins = 1 if n_files <= 2000 else max(2, min(10, n_files // 12000 + 2))
     for i in range(n_bins):
         out.append((f"assets/{_word(rng)}-{i}.bin", "bin"))
     for i in range(max(1, n_files // 500)):
@@ -191,7 +191,7 @@ def _git(repo: Path, *args: str) -> None:
 def generate(n_files: int, dest: Path, log=print) -> list[tuple[str, int]]:
     """Write the repo for *n_files* into *dest* (must not exist) and commit it."""
     rng = random.Random(SEED * 1_000_003 + n_files)
-    vocab = _vocabulary(random.Random(SEED))
+    vocab = vocabulary(random.Random(SEED))
     layout = _layout(rng, n_files)
     files: list[tuple[str, int]] = []
     made_dirs: set[str] = set()

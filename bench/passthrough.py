@@ -200,8 +200,9 @@ class Passthrough(pyfuse3.Operations):
         inode, listing = self.dirs[fh]
         if listing is None or start_id == 0:
             path = self._path(inode)
-            listing = []
             try:
+                # "." and ".." first: the kernel never counts them as lookups.
+                listing = [(b".", os.lstat(path)), (b"..", os.lstat(os.path.join(path, b"..")))]
                 with os.scandir(path) as it:
                     for de in it:
                         try:
@@ -216,7 +217,8 @@ class Passthrough(pyfuse3.Operations):
             attr = self._attr(st)
             if not pyfuse3.readdir_reply(token, name, attr, i + 1):
                 return
-            self._remember(inode, name, attr.st_ino)  # readdirplus counts as a lookup
+            if i >= 2:
+                self._remember(inode, name, attr.st_ino)  # readdirplus counts as a lookup
         return
 
     async def releasedir(self, fh):

@@ -19,7 +19,7 @@ METRIC_ORDER = [
     "edit_first", "edit_repeat", "atomic_save", "atomic_save_fsync", "append_log", "create_delete",
     "bigfile_first", "bigfile_edit", "seq_write_64m", "seq_read_64m",
     "many_small_create", "many_small_rm", "git_status_warm", "git_status_cold", "tar_warm", "tar_cold",
-    "checkpoint", "restore_1", "restore_10", "restore_100",
+    "checkpoint", "checkpoint_cli", "restore_1", "restore_10", "restore_100", "restore_100_cli",
 ]
 CDF_MIN_SAMPLES = 20
 SIZE_PLOT_METRICS = ["edit_first", "edit_repeat", "atomic_save", "create_delete", "many_small_create",
@@ -85,6 +85,10 @@ def fmt_ratio(r: float | None) -> str:
     if r is None:
         return ""
     return f"{r:.2f}×" if r < 100 else f"{r:.0f}×"
+
+
+def _load(la: list[float] | None) -> str:
+    return "/".join(f"{x:.1f}" for x in la) if la else "?"
 
 
 def fmt_bytes(b: float) -> str:
@@ -162,13 +166,23 @@ def markdown(results: dict) -> str:
     meta = results["meta"]
     lines = ["# overlayckpt benchmark results", ""]
     lines.append(f"- run: {meta.get('started')} ({meta.get('mode')}), {meta.get('duration_s', 0):.0f} s")
-    lines.append(f"- machine: {meta.get('kernel')}, {meta.get('cpus')} CPUs, {meta.get('mem_gb', 0):.0f} GB RAM")
-    lines.append(f"- tools: python {meta.get('python')}, {meta.get('git')}, fuse-overlayfs {meta.get('fuse_overlayfs')}, "
+    lines.append(f"- machine: {meta.get('kernel')}, {meta.get('cpus')} CPUs, {meta.get('mem_gb', 0):.0f} GB RAM; "
+                 f"load average at start {_load(meta.get('loadavg_start'))}, at end {_load(meta.get('loadavg_end'))}")
+    if "pageout" in meta.get("damon", ""):
+        lines.append(f"- **DAMON reclaim is on** ({meta['damon']}): idle page cache and fs metadata are paged out "
+                     "within seconds, so warm numbers and file creation vary more than on a normal host")
+    lines.append(f"- tools: python {meta.get('python')}, {meta.get('git')}, {meta.get('fuse_overlayfs')}, "
                  f"pyfuse3 {meta.get('pyfuse3')}")
     lines.append(f"- project commit: {meta.get('project_commit')}")
     lines.append(f"- cold caches: {'drop_caches + FUSE remount' if meta.get('can_drop_caches') else 'NOT cold: drop_caches not permitted'}")
     lines.append("- p50 / p90 / p99 of per-operation wall time; ratios are p50 (or p99) over the baseline's, same run and size.")
     lines.append("- shadow-git is a native directory for plain file operations, so it runs only the checkpoint workloads.")
+    lines.append("- overlayckpt `checkpoint` / `restore_*` go through the daemon's control file (the channel its CLI "
+                 "uses); `checkpoint_cli` / `restore_100_cli` run the CLI, Python start-up included. "
+                 "shadow-git is always two or more git processes.")
+    lines.append("- cold: FUSE contenders remounted, then `sync; echo 3 > /proc/sys/vm/drop_caches`; "
+                 "warm: the runs right after the cold one.")
+    lines += [f"- **{n}**" for n in meta.get("notes", [])]
     lines.append("")
     checks = spec_checks(results)
     if any(v != "n/a" for _, _, v in checks):
@@ -225,6 +239,7 @@ def markdown(results: dict) -> str:
         hl = size.get("history_length", {})
         ver = size.get("restore_verification", {})
         notes = list(size.get("notes", []))
+        notes += [f"{n}: {note}" for n in names for note in cont[n].get("notes", [])]
         for wname, per_c in hl.items():
             notes.append(f"{wname}: history length before timing: "
                          + ", ".join(f"{c} {n}" for c, n in sorted(per_c.items())))

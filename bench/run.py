@@ -1,7 +1,7 @@
 """Run every contender over the same generated repos and write the report.
 
     python -m bench.run --sizes 1000,10000 [--quick]
-        [--contenders native,overlayfs,...] [--workloads edit_first,tar_warm,...]
+        [--contenders native,overlayfs,...] [--workloads edit_first,git_status,tar,...]
 
 For each size: generate (or reuse) the repo, mount all contenders side by
 side, run each workload in rounds that alternate contenders, unmount
@@ -133,6 +133,20 @@ def _pkg_version(name: str) -> str:
         return "not installed"
 
 
+def damon_state() -> str:
+    """DAMON reclaim pages out 'cold' page cache within seconds; warm numbers suffer, so say so."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    states = []
+    for kd in sorted(root.glob("[0-9]*")):
+        try:
+            state = (kd / "state").read_text().strip()
+            actions = {a.read_text().strip() for a in kd.glob("contexts/*/schemes/*/action")}
+        except OSError:
+            continue
+        states.append(f"kdamond {kd.name} {state} ({', '.join(sorted(actions)) or 'no schemes'})")
+    return "; ".join(states) or "off"
+
+
 def environment(args: argparse.Namespace, can_drop: bool) -> dict:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     commit = _version(["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"])
@@ -152,6 +166,8 @@ def environment(args: argparse.Namespace, can_drop: bool) -> dict:
         "overlayckpt": _pkg_version("overlayckpt"),
         "project_commit": commit + (" (dirty)" if dirty else ""),
         "can_drop_caches": can_drop,
+        "damon": damon_state(),
+        "loadavg_start": os.getloadavg(),
     }
 
 
@@ -172,6 +188,7 @@ def run_workload(w: Workload, live: list[Contender], dead: set[str], ctx: Ctx, s
     if not todo:
         return
     t_start = time.monotonic()
+    os.sync()  # write back what earlier workloads left dirty, so it does not land in this one
     total, rounds = w.plan(ctx)
     w.setup(ctx)
     samples: dict[str, Samples] = {c.name: {} for c in todo}
@@ -233,13 +250,14 @@ def prime(c: Contender) -> None:
 
 
 def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads: list[Workload],
-             can_drop: bool, progress: Progress, watchdog: Watchdog) -> dict:
+             can_drop: bool, progress: Progress, watchdog: Watchdog, size_res: dict) -> None:
+    """Measure one repo size into *size_res* (filled as we go, so an interrupt keeps what was measured)."""
     progress.note(f"== {n_files:,} files ==")
     repo = ensure_repo(n_files, log=progress.note)
-    size_res: dict = {
+    size_res.update({
         "repo": {"files": len(repo.files), "bytes": repo.total_bytes, "path": str(repo.path)},
         "contenders": {}, "metrics": {}, "workload_errors": [], "notes": [], "workload_seconds": {},
-    }
+    })
     rundir = WORK_DIR / f"run-{n_files}"
     sweep_mounts(rundir, progress)
     if rundir.exists():
@@ -290,7 +308,6 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
         sweep_mounts(rundir, progress)
         if not args.keep_work and not mounts_under(rundir):
             shutil.rmtree(rundir, ignore_errors=True)
-    return size_res
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -301,9 +318,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(ALL), help=f"subset of {','.join(ALL)}")
     p.add_argument("--workloads", default=",".join(names), help=f"subset of {','.join(names)}")
     p.add_argument("--history", default=None,
-                   help="short,long history lengths for hist_small/hist_large (default 10,10000; quick 10,120)")
+                   help="short,long history lengths for hist_small/hist_large (default 10,10000; quick 10,1000)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--batch-timeout", type=float, default=900.0,
+    p.add_argument("--batch-timeout", type=float, default=3600.0,
                    help="seconds before the watchdog aborts a hung FUSE contender")
     p.add_argument("--keep-work", action="store_true", help="keep bench/work/run-<N> (uppers, stores) afterwards")
     p.add_argument("--no-plots", action="store_true")
@@ -312,7 +329,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.contenders = [s for s in args.contenders.split(",") if s]
     args.workloads = [s for s in args.workloads.split(",") if s]
-    hist = args.history or ("10,120" if args.quick else "10,10000")
+    hist = args.history or ("10,1000" if args.quick else "10,10000")
     args.history = [int(x) for x in hist.split(",")]
     unknown = [c for c in args.contenders if c not in ALL] + [w for w in args.workloads if w not in names]
     if unknown:
@@ -337,32 +354,42 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_term)
 
     names = list(args.contenders)
+    run_notes: list[str] = []
+
+    def skip(msg: str) -> None:
+        progress.note(msg)
+        run_notes.append(msg)
+
     if "fuse-overlayfs" in names and shutil.which("fuse-overlayfs") is None:
-        progress.note("fuse-overlayfs not found: `apt-get install fuse-overlayfs` to compare against it; skipping it")
+        skip("fuse-overlayfs not found: `apt-get install fuse-overlayfs` to compare against it; skipped")
         names.remove("fuse-overlayfs")
     if "overlayfs" in names and os.geteuid() != 0:
-        progress.note("kernel overlayfs needs root; skipping it")
+        skip("kernel overlayfs needs root; skipped")
         names.remove("overlayfs")
     can_drop = drop_caches()
     if not can_drop:
-        progress.note("cannot write /proc/sys/vm/drop_caches (not root?): *_cold workloads will not be cold")
+        skip("cannot write /proc/sys/vm/drop_caches (not root?): the *_cold numbers are not cold")
     workloads = [w for w in all_workloads() if w.name in args.workloads]
 
     results: dict = {"meta": environment(args, can_drop), "sizes": {}}
+    results["meta"]["notes"] = run_notes
     t0 = time.monotonic()
     watchdog = Watchdog(progress)
     rc = 0
     try:
         for n in args.sizes:
-            results["sizes"][str(n)] = run_size(n, args, names, workloads, can_drop, progress, watchdog)
+            size_res = results["sizes"][str(n)] = {}
+            run_size(n, args, names, workloads, can_drop, progress, watchdog, size_res)
             results["meta"]["duration_s"] = time.monotonic() - t0
             report.write_all(results, args.out, with_plots=False)  # keep partial results
     except KeyboardInterrupt as e:
-        progress.note(f"interrupted ({e}); writing what was measured")
+        progress.note(f"interrupted ({e or 'SIGINT'}); writing what was measured")
         rc = 130
+        results["sizes"] = {k: v for k, v in results["sizes"].items() if "repo" in v}
     finally:
         sweep_mounts(WORK_DIR, progress)
     results["meta"]["duration_s"] = time.monotonic() - t0
+    results["meta"]["loadavg_end"] = os.getloadavg()
     written = report.write_all(results, args.out, with_plots=not args.no_plots)
     progress.note(f"done in {results['meta']['duration_s']:.0f} s; wrote {len(written)} files to {args.out}")
     progress.note(f"see {args.out / 'results.md'}")
