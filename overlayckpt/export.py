@@ -71,8 +71,8 @@ import zstandard
 
 from .errors import FsError, UserError
 from .records import (
-    FIRST_UPPER_INO, FORMAT_VERSION, LOWER_INO_BIAS, ROOT_INO, T_NODES, Checkpoint, JournalRecord,
-    Node, from_u64, u64, unpack_obj,
+    FIRST_UPPER_INO, FORMAT_VERSION, ROOT_INO, T_NODES, Checkpoint, JournalRecord,
+    Node, from_u64, lower_ino, u64, unpack_obj,
 )
 from .session import Session, command, default_store_dir, read_info, write_info
 from .store import TABLES, ReadTxn, Store
@@ -722,7 +722,7 @@ def check_repo(header: dict[str, Any], repo: str) -> None:
             st = os.lstat(os.path.join(os.fsencode(repo), origin))
         except OSError:
             st = None
-        if st is None or st.st_ino + LOWER_INO_BIAS != ino:
+        if st is None or lower_ino(st.st_ino) != ino:
             raise UserError(f"{repo} is not the repo as this session recorded it ({os.fsdecode(origin)} "
                             "is missing or another file now): import over that same, unchanged "
                             "directory (--repo)")

@@ -17,11 +17,13 @@ FORMAT_VERSION = 1
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1
-# Inodes of lower entries are the lower st_ino + LOWER_INO_BIAS, so they are
-# stable across remounts without a store write per lookup. Inodes of entries
-# created in the overlay come from a persistent counter far above them.
-LOWER_INO_BIAS = 1
+# Inodes of lower entries are the lower's own st_ino: stable across remounts
+# without a store write per lookup, and equal to what git's index recorded
+# before the mount, so the first `git status` need not re-hash every file.
+# Number 1 is FUSE's root: a lower entry numbered 1 gets LOWER_INO_ONE.
+# Inodes of entries created in the overlay come from a persistent counter far above.
 FIRST_UPPER_INO = 1 << 48
+LOWER_INO_ONE = FIRST_UPPER_INO - 1
 # Virtual inodes of the control directory: never stored, never journaled.
 CONTROL_INO_BASE = 1 << 62
 
@@ -70,7 +72,7 @@ def xattr_key(ino: int, name: bytes) -> bytes:
 
 
 def lower_ino(st_ino: int) -> int:
-    return st_ino + LOWER_INO_BIAS
+    return st_ino if st_ino != ROOT_INO else LOWER_INO_ONE
 
 
 @dataclass(slots=True)

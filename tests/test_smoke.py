@@ -33,3 +33,9 @@ def test_names_need_not_be_utf8(mounted: Mount) -> None:
     assert b"caf\xe9.txt" in os.listdir(os.fsencode(mounted.mnt))
     log = mounted.ctl({"cmd": "log"})
     assert log["ok"] and any(f["path"] == "caf\udce9.txt" for c in log["checkpoints"] for f in c["files"])
+
+
+def test_lower_files_keep_their_inode_numbers(mounted: Mount) -> None:
+    # git's index recorded these numbers before the mount: equal numbers spare a re-hash
+    for name in ("README.md", "src/main.py", "docs"):
+        assert os.stat(mounted.mnt / name).st_ino == os.stat(mounted.repo / name).st_ino
