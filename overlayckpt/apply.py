@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 
-from .errors import FsError
+from .errors import FsError, UserError
 from .lower import Pin, PinLookup, PinStat, join, openat2_beneath
-from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, pack_obj, unpack_obj
+from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj
 from .store import ReadTxn, Store
 
 if TYPE_CHECKING:
@@ -139,11 +139,78 @@ class Applier:
             out |= self.ov.ancestors(state, ino)
         return out
 
-    def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int]) -> dict[str, int]:
+    def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int],
+              force: bool = False) -> dict[str, int]:
+        if not force:
+            self.refuse_conflicts(state)
         dirty = self.dirty_dirs(state, extra_nodes, extra_dirs)
         self._sync_dir(state, ROOT_INO, b"", dirty, force=False)
         self.lower_reset()
+        self.remember_repo()
         return self.stats
+
+    # -- conflicts with changes made to the repo itself -------------------------
+
+    def _real(self, path: bytes) -> os.stat_result | None:
+        parent, _, name = path.rpartition(b"/")
+        try:
+            fd = openat2_beneath(self.fd, parent, os.O_RDONLY | os.O_DIRECTORY)
+        except FsError:
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _fingerprint(st: os.stat_result | None) -> list[int]:
+        """What `seen` records of a repo entry: inode, size, mtime; zeros for no entry."""
+        return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns] if st is not None else [0, 0, 0]
+
+    def _seen(self) -> list[tuple[bytes, list[int]]]:
+        return self.s.store.read(lambda r: [(k[1:], unpack_obj(v)) for k, v in r.range_from(b"seen")])
+
+    def refuse_conflicts(self, state: Any) -> None:
+        """Refuse to overwrite a file that changed in the repo since the session first
+        changed it, unless the result would be the same bytes anyway."""
+        conflicts = []
+        for path, seen in self._seen():
+            real = self._real(path)
+            if seen == self._fingerprint(real):
+                continue
+            if real is None or not stat.S_ISREG(real.st_mode):
+                conflicts.append(path)
+                continue
+            try:
+                live_ino = self.ov.resolve(state, os.fsdecode(path))
+                node = self.ov.node(state, live_ino)
+                wanted = self.ov.read_all(state, live_ino, node) if node.is_reg else None
+            except FsError:
+                wanted = None
+            fd = openat2_beneath(self.fd, path, os.O_RDONLY)
+            try:
+                same = wanted is not None and os.pread(fd, real.st_size + 1, 0) == wanted
+            finally:
+                os.close(fd)
+            if not same:
+                conflicts.append(path)
+        if conflicts:
+            shown = ", ".join(os.fsdecode(p) for p in conflicts[:5])
+            more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
+            raise UserError(f"the repo itself changed since the session began ({shown}{more}): "
+                            "applying would overwrite that; save those changes, or apply --force")
+
+    def remember_repo(self) -> None:
+        """After an apply the repo holds what we wrote: that is what later applies compare with."""
+        updates = [(b"/" + path, pack_obj(self._fingerprint(self._real(path))))
+                   for path, _ in self._seen()]
+
+        def fn(w: Any) -> None:
+            for key, value in updates:
+                w.put(b"seen", key, value)
+        self.s.store.write(fn)
 
     def lower_reset(self) -> None:
         self.lower.forget_cached()
@@ -259,8 +326,8 @@ class Applier:
         self.stats["written"] += 1
 
 
-def apply_live(session: "Session") -> dict[str, int]:
-    return Applier(session).apply(_LiveState(session), [], [])
+def apply_live(session: "Session", force: bool = False) -> dict[str, int]:
+    return Applier(session).apply(_LiveState(session), [], [], force)
 
 
 class _LiveState:
@@ -279,7 +346,7 @@ class _LiveState:
         return self.store.read(lambda r: r.block(digest))
 
 
-def apply_checkpoint(session: "Session", ref: Any) -> dict[str, int]:
+def apply_checkpoint(session: "Session", ref: Any, force: bool = False) -> dict[str, int]:
     from .timeline import Timeline
     tl = Timeline(session)
     r = session.store.begin_read()
@@ -288,6 +355,6 @@ def apply_checkpoint(session: "Session", ref: Any) -> dict[str, int]:
         state = tl.state(r, ck)
         extra_nodes = sorted({from_u64(k[:8]) for t, k in state.delta if t == b"nodes"})
         extra_dirs = sorted({from_u64(k[:8]) for t, k in state.delta if t == b"dirents"})
-        return Applier(session).apply(state, extra_nodes, extra_dirs)
+        return Applier(session).apply(state, extra_nodes, extra_dirs, force)
     finally:
         r.txn.abort()

@@ -124,7 +124,7 @@ def cmd_conversation(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    cmd: dict[str, Any] = {"cmd": "apply"}
+    cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
     if args.checkpoint is not None:
         cmd["checkpoint"] = _ref(args.checkpoint)
     result = _target(args).call(cmd)
@@ -199,6 +199,8 @@ def add_parsers(sub: Any) -> None:
 
     ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
     ap.add_argument("--checkpoint")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite files that also changed in the repo since the session began")
 
     fk = sub.add_parser("fsck", help="verify every block digest and every reference")
     fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")

@@ -248,10 +248,11 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 @command("apply")
 async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from .apply import apply_checkpoint, apply_live
+    force = bool(cmd.get("force"))
     if cmd.get("checkpoint") is not None:
-        stats = apply_checkpoint(s, cmd["checkpoint"])
+        stats = apply_checkpoint(s, cmd["checkpoint"], force)
     else:
-        stats = apply_live(s)
+        stats = apply_live(s, force)
     return {"repo": s.repo, **stats}
 
 

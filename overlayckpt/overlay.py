@@ -22,7 +22,7 @@ from .journal import Caller, append, ensure_origin_checkpoint, now_ns
 from .lower import Lower
 from .records import (
     CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
-    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key, dirent_key,
+    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key, dirent_key, pack_obj,
     u64, xattr_key,
 )
 from .store import Store, WriteTxn
@@ -110,6 +110,11 @@ class Overlay(Tree):
         if not self.has_record(m, ino):
             node.parent = self.parents.get(ino, (0, b""))[0]
             m.put_node(ino, node)
+            if node.origin is not None and not node.is_dir:
+                # what the repo held when we first changed it: apply checks it is still so
+                key = b"/" + node.origin
+                if m.get(b"seen", key) is None:
+                    m.w.put(b"seen", key, pack_obj([ino, node.size, node.mtime_ns]))
         return node
 
     def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False) -> None:

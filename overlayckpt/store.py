@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TABLES = (b"meta", b"blocks", b"nodes", b"dirents", b"bmap", b"xattrs", b"journal",
-          b"ckpts", b"names", b"pinned", b"conv")
+          b"ckpts", b"names", b"pinned", b"conv", b"seen")
 
 # Block values start with one byte saying how the rest is encoded.
 _RAW, _ZSTD = b"\0", b"\1"

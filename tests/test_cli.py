@@ -111,3 +111,21 @@ def test_offline_apply_of_live_and_of_a_checkpoint(repo: Path, mount_factory) ->
     run_cli("--store", str(m.store), "apply", "--checkpoint", cid)
     assert tree_digest(str(repo)) == at_cid
     assert run_cli("--store", str(m.store), "show", "0", "docs/guide.txt").stdout == "line\n" * 5000
+
+
+def test_apply_refuses_to_overwrite_changes_made_in_the_repo(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    (m.mnt / "README.md").write_text("agent\n")
+    (m.mnt / "src" / "main.py").write_text("agent too\n")
+    (repo / "README.md").write_text("user, behind the mount's back\n")  # also hardlink.md
+    (repo / "docs" / "guide.txt").write_text("user only\n")  # the agent never touched it
+    proc = run_cli("unmount", str(m.mnt), "--apply", check=False)
+    assert proc.returncode == 1 and "README.md" in proc.stderr and "--force" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    wait_daemon_gone(m.store)
+    assert (repo / "README.md").read_text() == "user, behind the mount's back\n"
+    run_cli("--store", str(m.store), "apply", "--force")
+    assert (repo / "README.md").read_text() == "agent\n"
+    assert (repo / "src" / "main.py").read_text() == "agent too\n"
+    assert (repo / "docs" / "guide.txt").read_text() == "user only\n"
+    run_cli("--store", str(m.store), "apply")  # now the repo is what we wrote: no conflict
