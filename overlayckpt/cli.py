@@ -194,10 +194,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
                           apply_on_exit=apply, allow_other=args.allow_other)
     spawn_daemon(repo, mountpoint, store, args, apply)
-    if not args.json:
-        print(f"mounted {repo} at {mountpoint} (store {store})")
-    else:
-        emit(args, {"repo": repo, "mountpoint": mountpoint, "store": store}, lambda r: "")
+    emit(args, {"repo": repo, "mountpoint": mountpoint, "store": store},
+         lambda r: f"mounted {repo} at {mountpoint} (store {store})")
     return 0
 
 
@@ -267,8 +265,9 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     if target is None:
         raise UserError("no overlayckpt mount here: give the mountpoint")
     status = unmount(target, args.apply)
-    if not args.json:
-        print(f"unmounted {target}" + (f"; applied to {status['repo']}" if status["applied"] else ""))
+    emit(args, {"mountpoint": target, "repo": status["repo"], "store": status["store"],
+                "applied": status["applied"]},
+         lambda r: f"unmounted {target}" + (f"; applied to {r['repo']}" if r["applied"] else ""))
     return 0
 
 
