@@ -1308,3 +1308,42 @@ def test_parallel_git(tmp_path: Path) -> None:
                 assert "corrupt" not in objs.stderr and "bad object" not in objs.stderr, objs.stderr
         assert m.ctl({"cmd": "restore", "id": last, "what": "code"})["ok"]
         assert git(m.mnt, "rev-parse", "HEAD").stdout == expected["head"]
+
+
+def conversation_of(m: Mount) -> list[str]:
+    text = (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text()
+    return [json.loads(line)["content"] for line in text.splitlines()]
+
+
+def test_restore_both_is_both_or_neither_when_killed(tmp_path: Path, rounds: int = 2, seed: int = 17) -> None:
+    """Code and conversation move back in one transaction: a kill leaves both or neither."""
+    rng = random.Random(seed)
+    repo = make_repo(tmp_path / "repo")
+    m = Mount(repo, tmp_path / "mnt", tmp_path / "store")
+    conv = m.mnt / ".overlayckpt" / "conversation.jsonl"
+    try:
+        mount(repo, m.mnt, m.store)
+        with open(conv, "a") as f:
+            f.write(json.dumps({"role": "user", "content": "before"}) + "\n")
+        small = m.ctl({"cmd": "checkpoint", "name": "small"})["id"]
+        small_state = (tree_digest(str(m.mnt)), conversation_of(m))
+        big_change(m, files=150, big_mib=12)
+        with open(conv, "a") as f:
+            f.write(json.dumps({"role": "assistant", "content": "after"}) + "\n")
+        m.ctl({"cmd": "checkpoint", "name": "big"})
+        big_state = (tree_digest(str(m.mnt)), conversation_of(m))
+        t0 = time.monotonic()
+        assert m.ctl({"cmd": "restore", "id": small, "what": "both"})["ok"]
+        restore_time = time.monotonic() - t0
+        assert (tree_digest(str(m.mnt)), conversation_of(m)) == small_state
+        assert m.ctl({"cmd": "restore", "id": "big", "what": "both"})["ok"]
+        for r in range(rounds):
+            kill_during(m, {"cmd": "restore", "id": small, "what": "both"}, rng, restore_time * 1.5)
+            mount(repo, m.mnt, m.store)
+            state = (tree_digest(str(m.mnt)), conversation_of(m))
+            assert state in (small_state, big_state), f"round {r}: a mix of code and conversation"
+            assert m.ctl({"cmd": "restore", "id": "big", "what": "both"})["ok"]
+            assert (tree_digest(str(m.mnt)), conversation_of(m)) == big_state
+    finally:
+        cleanup_mount(m)
+    fsck_clean(["--store", str(m.store)])
