@@ -23,7 +23,7 @@ from .views import CheckpointViews
 
 log = logging.getLogger(__name__)
 
-SYNC_INTERVAL = 2.0  # seconds: what a power loss can cost without fsync
+SYNC_INTERVAL = 5.0  # seconds: what a power loss can cost without fsync (fsync syncs at once)
 RETENTION_EVERY = 30  # sync ticks between retention checks
 
 
