@@ -274,10 +274,11 @@ class Operations(pyfuse3.Operations):
             handle = Handle(inode, self._caller(ctx), await self.ctl.open(inode, flags))
             return pyfuse3.FileInfo(fh=self._fh(handle), direct_io=True, keep_cache=False)
         caller = self._caller(ctx)
-        node = self.ov.live(lambda r: self.ov.node(r, inode))
-        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY and node.is_reg and node.size:
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
             # the kernel passes O_TRUNC on to us; ignoring it would keep the old data
-            self.ov.setattr(caller, inode, size=0)
+            node = self.ov.live(lambda r: self.ov.node(r, inode))
+            if node.is_reg and node.size:
+                self.ov.setattr(caller, inode, size=0)
         return pyfuse3.FileInfo(fh=self._fh(Handle(inode, caller)), keep_cache=True)
 
     @translate_errors
