@@ -560,7 +560,20 @@ async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     exporter = GitExport(s, branch)
     lock = _locks.setdefault(s, trio.Lock())
     async with lock:  # one export at a time per session (the daemon serves many requests)
-        return await exporter.run(cmd.get("since"), limit)
+        result = await exporter.run(cmd.get("since"), limit)
+    if result["exported"]:
+        await _show_new_git_objects(s)
+    return result
+
+
+async def _show_new_git_objects(s: Session) -> None:
+    """Export added objects and a ref to the repo's .git behind the overlay: drop what
+    the overlay and the kernel cached of it, so git inside the mount sees them."""
+    s.lower.forget_cached()
+    if s.invalidate is not None:
+        inos = [ino for ino, path in list(s.overlay.lower_paths.items())
+                if path == b".git" or path.startswith(b".git/")]
+        await s.invalidate(inos, [])
 
 
 # -- bundles ------------------------------------------------------------------------
