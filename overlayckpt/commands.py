@@ -6,14 +6,13 @@ JSON-able dict; a user mistake raises UserError with one line to show.
 from __future__ import annotations
 
 import base64
-import datetime
 import os
 from typing import Any
 
 from .errors import FsError, UserError
 from .journal import Caller, records
 from .patch import render, stat_lines
-from .records import Checkpoint
+from .records import Checkpoint, iso_time
 from .session import Session, command
 from .store import ReadTxn
 from .timeline import Timeline
@@ -21,9 +20,6 @@ from .timeline import Timeline
 def _caller() -> Caller:
     return Caller(os.getpid(), "overlayckpt")
 
-
-def _iso(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _opt_str(cmd: dict[str, Any], key: str) -> str | None:
@@ -79,7 +75,7 @@ def checkpoint_entry(r: ReadTxn, s: Session, ck: Checkpoint) -> dict[str, Any]:
     if not summary:
         summary = ck.message or describe(files) or ("session start" if ck.id == 0 else "no net changes")
     return {
-        "id": ck.id, "seq": ck.seq, "time": _iso(ck.time_ns), "kind": ck.kind, "name": ck.name,
+        "id": ck.id, "seq": ck.seq, "time": iso_time(ck.time_ns), "kind": ck.kind, "name": ck.name,
         "message": ck.message, "summary": summary, "files": files,
         "process": {"pid": ck.pid, "comm": ck.comm}, "restored_from": ck.restored_from,
     }

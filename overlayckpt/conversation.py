@@ -8,13 +8,12 @@ lines stay in the table as an abandoned branch, never deleted.
 """
 from __future__ import annotations
 
-import datetime
 import json
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 from .journal import next_seq, now_ns
-from .records import from_u64, pack_obj, u64, unpack_obj
+from .records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from .store import ReadTxn, WriteTxn
 
 if TYPE_CHECKING:
@@ -22,9 +21,6 @@ if TYPE_CHECKING:
 
 MAX_LINE = 1 << 20
 
-
-def _iso(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def parse_line(line: bytes) -> dict[str, Any]:
@@ -60,7 +56,7 @@ def _public(key: int, entry: dict[str, Any], live: bool | None = None) -> dict[s
     out = {k: v for k, v in entry.items() if not k.startswith("_")}
     out["line"] = key
     out["seq"] = entry["_seq"]
-    out["time"] = _iso(entry["_time"])
+    out["time"] = iso_time(entry["_time"])
     if live is not None:
         out["live"] = live
     return out

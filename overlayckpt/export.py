@@ -49,7 +49,6 @@ thread of its own.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import logging
@@ -72,7 +71,7 @@ import zstandard
 from .errors import FsError, UserError
 from .records import (
     FIRST_UPPER_INO, FORMAT_VERSION, ROOT_INO, T_NODES, Checkpoint, JournalRecord,
-    Node, from_u64, lower_ino, u64, unpack_obj,
+    Node, from_u64, iso_time, lower_ino, u64, unpack_obj,
 )
 from .session import Session, command, default_store_dir, read_info, write_info
 from .store import TABLES, ReadTxn, Store
@@ -149,10 +148,6 @@ def _one_line(text: str, limit: int = 200) -> str:
 def _person(name: str) -> str:
     return re.sub(r"[<>\n\0]", "", name).strip() or "overlayckpt"
 
-
-def _iso(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
-        timespec="milliseconds")
 
 
 def ref_name_ok(name: str) -> bool:
@@ -511,7 +506,7 @@ class GitExport:
             trailers.append(("Checkpoint-Message", _one_line(ck.message)))
         if ck.restored_from is not None:
             trailers.append(("Checkpoint-Restored-From", str(ck.restored_from)))
-        trailers += [("Checkpoint-Time", _iso(ck.time_ns)),
+        trailers += [("Checkpoint-Time", iso_time(ck.time_ns)),
                      ("Checkpoint-Process", f"{ck.pid} {_one_line(ck.comm or '-', 40)}"),
                      ("Overlayckpt-Session", self.session), ("Overlayckpt-Origin", origin)]
         parts += [f"{k}: {v}" for k, v in trailers]
@@ -612,7 +607,7 @@ def write_bundle(store: Store, path: str, info: dict[str, Any]) -> dict[str, Any
         lower, pinned = lower_identity(r)
         header = {"bundle": BUNDLE_MAGIC, "version": BUNDLE_VERSION, "format": r.meta_int(b"format"),
                   "block_size": store.block_size, "tables": [t.decode() for t in TABLES],
-                  "created": _iso(time.time_ns()), "lower": lower, "pinned": pinned, **info}
+                  "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned, **info}
         packer = msgpack.Packer()
         with open(tmp, "wb") as f:
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:

@@ -6,6 +6,7 @@ one place (see docs/design.md for the meaning of each table).
 """
 from __future__ import annotations
 
+import datetime
 import stat
 import struct
 from dataclasses import dataclass
@@ -40,6 +41,12 @@ F_OPAQUE = 1  # directory: do not merge the lower directory's entries
 F_XATTRS_OWN = 2  # xattrs live entirely in the xattrs table (lower ones copied up)
 
 _U64 = struct.Struct(">Q")
+
+
+def iso_time(ns: int) -> str:
+    """A nanosecond timestamp as ISO 8601 UTC, as log, conversation and export show it."""
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
+        timespec="milliseconds")
 
 
 def pack_obj(obj: object) -> bytes:
