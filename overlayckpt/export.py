@@ -55,6 +55,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -95,8 +96,11 @@ _GIT_LOCATION_ENV = (
     "GIT_REPLACE_REF_BASE", "GIT_NO_REPLACE_OBJECTS",
 )
 # Settings that could make plumbing run user code, prompt, or write beside the objects.
+# fastimport.unpackLimit=0: always write one pack into .git/objects/pack, never loose
+# objects: in an in-place session the overlay may hold .git/objects/XX directories of its
+# own, which would hide loose objects written behind it into the repo's.
 _GIT_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "gc.auto=0",
-               "core.splitIndex=false", "maintenance.auto=false")
+               "core.splitIndex=false", "maintenance.auto=false", "fastimport.unpackLimit=0")
 
 
 # -- paths and modes ------------------------------------------------------------
@@ -557,18 +561,27 @@ async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     async with lock:  # one export at a time per session (the daemon serves many requests)
         result = await exporter.run(cmd.get("since"), limit)
     if result["exported"]:
-        await _show_new_git_objects(s)
+        await _show_new_git_objects(s, "refs/heads/" + result["branch"])
     return result
 
 
-async def _show_new_git_objects(s: Session) -> None:
-    """Export added objects and a ref to the repo's .git behind the overlay: drop what
-    the overlay and the kernel cached of it, so git inside the mount sees them."""
+async def _show_new_git_objects(s: Session, ref: str) -> None:
+    """Export added a pack and a ref (with its reflog) to the repo's .git behind the
+    overlay: drop what the overlay and the kernel cached of .git, including negative
+    entries for the ref's names, so git inside the mount sees them."""
     s.lower.forget_cached()
-    if s.invalidate is not None:
-        inos = [ino for ino, path in list(s.overlay.lower_paths.items())
-                if path == b".git" or path.startswith(b".git/")]
-        await s.invalidate(inos, [])
+    if s.invalidate is None:
+        return
+    git_inos = {path: ino for ino, path in list(s.overlay.lower_paths.items())
+                if path == b".git" or path.startswith(b".git/")}
+    entries = []
+    for top in (".git/", ".git/logs/"):
+        parts = (top + ref).encode().split(b"/")
+        for i in range(1, len(parts)):
+            parent = git_inos.get(b"/".join(parts[:i]))
+            if parent is not None:
+                entries.append((parent, parts[i]))
+    await s.invalidate(list(git_inos.values()), entries)
 
 
 # -- bundles ------------------------------------------------------------------------
@@ -912,11 +925,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_every(target: Any, args: argparse.Namespace) -> int:
-    """Export, then again every DURATION, until interrupted or the session unmounts."""
+    """Export, then again every DURATION, until interrupted or the session unmounts.
+    A first Ctrl-C lets an export under way finish and report; a second stops at once."""
     from .cli import emit
     store = target.store or target.call({"cmd": "status"}).get("store")
+    stop = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal stop
+        if stop:
+            raise KeyboardInterrupt
+        stop = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        while True:
+        while not stop:
             try:
                 result = _export_all(target, args)
             except UserError:
@@ -930,9 +953,14 @@ def _export_every(target: Any, args: argparse.Namespace) -> int:
             if result["exported"]:
                 emit(args, result, _export_text)
                 sys.stdout.flush()
-            time.sleep(args.every)
+            deadline = time.monotonic() + args.every
+            while not stop and time.monotonic() < deadline:
+                time.sleep(min(0.1, args.every))
+        return 0
     except KeyboardInterrupt:
         return 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _export_offline_when_free(store: str, args: argparse.Namespace) -> dict[str, Any]:
