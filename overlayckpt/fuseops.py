@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,6 +31,15 @@ log = logging.getLogger(__name__)
 # caches itself when it changes something on its own (restore), so the kernel
 # may keep entries and attributes for a long time.
 CACHE_TIMEOUT = 3600.0
+CAPABILITY_XATTR = b"security.capability"
+# Handles that _kcache.c opened in C (read-only files, directories): the inode number
+# with this bit set. Their release never reaches Python.
+KERNEL_HANDLE = 1 << 63
+# Listings of directories opened in C are snapshots shared by offset, not by handle:
+# an offset carries its snapshot's number (high 31 bits) and the index (low 32 bits),
+# so a listing read in chunks never mixes snapshots, whatever else opens the directory.
+SNAPSHOTS_KEPT = 256
+Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -126,7 +136,9 @@ class Operations(pyfuse3.Operations):
         self.ctl = control
         self.comms = Comms()
         self.handles: dict[int, Handle] = {}
-        self.dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]] | None] = {}
+        self.dirs: dict[int, Listing | None] = {}
+        self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
+        self._next_snapshot = 0
         self._next_fh = 1
 
     # -- helpers --------------------------------------------------------------
@@ -283,10 +295,13 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        h = self.handles[fh]
-        if h.control is not None:
-            return await self.ctl.read(h.control, off, size)
-        ino = h.ino
+        if fh & KERNEL_HANDLE:
+            ino = fh ^ KERNEL_HANDLE
+        else:
+            h = self.handles[fh]
+            if h.control is not None:
+                return await self.ctl.read(h.control, off, size)
+            ino = h.ino
         return self.ov.live(lambda r: self.ov.read(r, ino, self.ov.node(r, ino), off, size))
 
     @translate_errors
@@ -335,15 +350,37 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        listing = self.dirs.get(fh)
-        if listing is None or start_id == 0:
-            ino = self.handles[fh].ino
-            listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
-            self.dirs[fh] = listing
-        for i in range(start_id, len(listing)):
+        if fh & KERNEL_HANDLE:
+            number, index, listing = self._snapshot(fh ^ KERNEL_HANDLE, start_id)
+            base = number << 32
+        else:
+            listing = self.dirs.get(fh)
+            if listing is None or start_id == 0:
+                ino = self.handles[fh].ino
+                listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
+                self.dirs[fh] = listing
+            index, base = start_id, 0
+        for i in range(index, len(listing)):
             name, attrs = listing[i]
-            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
+            if not pyfuse3.readdir_reply(token, name, attrs, base + i + 1):
                 return
+
+    def _snapshot(self, ino: int, start_id: int) -> tuple[int, int, Listing]:
+        """The listing an offset of a C-opened directory belongs to: a new snapshot at
+        offset 0, else the one the offset names (taken again if it was dropped)."""
+        number, index = start_id >> 32, start_id & 0xFFFFFFFF
+        if start_id == 0:
+            self._next_snapshot = self._next_snapshot % 0x7FFFFFFF + 1
+            number = self._next_snapshot
+        listing = self.snapshots.get(number)
+        if listing is None:
+            listing = self._listing(ino)
+            self.snapshots[number] = listing
+            if len(self.snapshots) > SNAPSHOTS_KEPT:
+                self.snapshots.popitem(last=False)
+        else:
+            self.snapshots.move_to_end(number)
+        return number, index, listing
 
     @translate_errors
     async def releasedir(self, fh: int) -> None:
@@ -373,7 +410,7 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
-        if inode >= CONTROL_INO_BASE:
+        if inode >= CONTROL_INO_BASE or name == CAPABILITY_XATTR:
             raise FsError(errno.ENODATA)
         return self.ov.live(lambda r: self.ov.getxattr(r, inode, self.ov.node(r, inode), name))
 
@@ -381,7 +418,8 @@ class Operations(pyfuse3.Operations):
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         if inode >= CONTROL_INO_BASE:
             return []
-        return list(self.ov.live(lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode))))
+        names = self.ov.live(lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode)))
+        return [n for n in names if n != CAPABILITY_XATTR]  # never served (see _kcache.c)
 
     @translate_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -389,6 +427,10 @@ class Operations(pyfuse3.Operations):
         if name.startswith(b"system.posix_acl_"):
             # Without ACL support in the kernel connection an ACL would be kept as an inert
             # xattr and the mode left alone; refusing makes cp -p, sed -i & co. use chmod.
+            raise FsError(errno.EOPNOTSUPP)
+        if name == CAPABILITY_XATTR:
+            # no effect on a nosuid mount, and the kernel's lookup before every write is
+            # answered "none" in C (_kcache.c); cp -a and tar treat this as "not supported"
             raise FsError(errno.EOPNOTSUPP)
         self.ov.setxattr(self._caller(ctx), inode, name, value)
 

@@ -10,7 +10,11 @@ import os
 import signal
 from typing import Any
 
-import pyfuse3
+from . import kcache
+
+kcache.preload()  # before pyfuse3 binds libfuse (see kcache.py)
+
+import pyfuse3  # noqa: E402
 import trio
 
 from .apply import apply_live
@@ -99,6 +103,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     except RuntimeError as e:
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
+    session.kernel_dir_cache = kcache.active()
     info = read_info(store_dir)
     info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
     write_info(store_dir, info)

@@ -70,6 +70,7 @@ class Session:
         # set by the daemon: run kernel-cache invalidations after a restore
         self.invalidate: Callable[[list[int], list[tuple[int, bytes]]], Awaitable[None]] | None = None
         self.flush_kernel: Callable[[], Awaitable[None]] | None = None
+        self.kernel_dir_cache = False  # the mount's listings are cached by the kernel (kcache.py)
 
     @classmethod
     def open(cls, store_dir: str, repo: str | None = None, *, create: bool = False,
@@ -119,6 +120,7 @@ class Session:
             # never stat the mountpoint here: the daemon would wait on itself
             "in_place": self.mountpoint == self.repo,
             "apply_on_unmount": self.apply_on_exit,
+            "kernel_dir_cache": self.kernel_dir_cache,
             "live_checkpoint": live.id if live else None,
             "block_size": self.store.block_size,
             "store_bytes": self.store.disk_bytes(), **counts,

@@ -1,6 +1,7 @@
 """First contact: the mount shows the repo, edits land in the store, not the repo."""
 from __future__ import annotations
 
+import errno
 import os
 
 from conftest import Mount, tree_digest
@@ -39,3 +40,35 @@ def test_lower_files_keep_their_inode_numbers(mounted: Mount) -> None:
     # git's index recorded these numbers before the mount: equal numbers spare a re-hash
     for name in ("README.md", "src/main.py", "docs"):
         assert os.stat(mounted.mnt / name).st_ino == os.stat(mounted.repo / name).st_ino
+
+
+def test_requests_without_state_are_answered_in_c(mounted: Mount) -> None:
+    """The kernel-cache library (_kcache.c) is built and in the daemon's path: without
+    it the mount still works, only slower, so only this test would notice."""
+    assert mounted.ctl({"cmd": "status"})["kernel_dir_cache"] is True
+    path = mounted.mnt / "docs" / "guide.txt"
+    before = os.listdir(mounted.mnt / "docs")
+    with open(path, "rb") as f:  # opened in C: the handle is the inode number, marked
+        data = f.read()
+    (mounted.mnt / "docs" / "extra.md").write_text("x\n")  # drops the cached listing
+    assert sorted(os.listdir(mounted.mnt / "docs")) == sorted(before + ["extra.md"])
+    assert path.read_bytes() == data
+
+
+def test_file_capabilities_are_not_kept(mounted: Mount) -> None:
+    """security.capability is answered "none" in C before every write; setting one is
+    refused (the mount is nosuid, where capabilities have no effect anyway)."""
+    path = mounted.mnt / "run.sh"
+    try:
+        os.getxattr(path, "security.capability")
+        raise AssertionError("security.capability should be absent")
+    except OSError as e:
+        assert e.errno == errno.ENODATA
+    try:
+        os.setxattr(path, "security.capability", b"\x01\x00\x00\x02" + b"\x00" * 16)
+        raise AssertionError("setting security.capability should fail")
+    except OSError as e:
+        assert e.errno == errno.EOPNOTSUPP
+    assert "security.capability" not in os.listxattr(path)
+    os.setxattr(path, "user.kept", b"1")
+    assert os.getxattr(path, "user.kept") == b"1"

@@ -1,0 +1,353 @@
+/* The requests that need no Python, answered in C.
+ *
+ * Every request pyfuse3 serves costs a trip through its trio loop (~90 us on a
+ * 2-core VM), and a tree walk (git status, tar, an editor's file search) is
+ * mostly requests whose answer needs no state. Loaded with RTLD_GLOBAL before
+ * pyfuse3 (see kcache.py), this library stands in for four libfuse functions
+ * that pyfuse3 calls:
+ *
+ * - fuse_session_new: wraps five of pyfuse3's request handlers (below).
+ * - fuse_session_fd: starts a reader thread on /dev/fuse and gives pyfuse3 the
+ *   read end of a pipe instead. The thread answers the requests below at once
+ *   and queues every other one, in order, for pyfuse3's loop.
+ * - fuse_session_receive_buf: pyfuse3 takes the next queued request.
+ * - fuse_session_destroy: stops and joins the thread first.
+ *
+ * Answered in C:
+ * - opendir, and open of a file for reading only: the handle is the inode
+ *   number marked with KERNEL_HANDLE; read and readdir go on to Python and
+ *   recognise the mark (fuseops.py); the matching release/releasedir are
+ *   answered here. The kernel is asked to keep file pages and directory
+ *   listings across opens (FOPEN_KEEP_CACHE, FOPEN_CACHE_DIR): the daemon is
+ *   the only writer of what it serves, the kernel drops what changes through
+ *   the mount itself, and the daemon invalidates what it changes on its own
+ *   (restore, export). Control and checkpoint-view inodes (>= cache_below)
+ *   always go to Python: their handles carry state and their listings grow
+ *   behind the kernel's back.
+ * - getxattr("security.capability"): ENODATA. The kernel asks for it before
+ *   every write to a file; file capabilities have no effect on a nosuid mount,
+ *   and the daemon refuses to set them, so the answer is exact.
+ */
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 34
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuseops.KERNEL_HANDLE */
+#define CAPABILITY "security.capability"
+
+typedef void (*open_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
+typedef void (*getxattr_fn)(fuse_req_t, fuse_ino_t, const char *, size_t);
+
+static struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
+static int (*real_fd)(struct fuse_session *);
+static int (*real_receive)(struct fuse_session *, struct fuse_buf *);
+static void (*real_process)(struct fuse_session *, const struct fuse_buf *);
+static void (*real_destroy)(struct fuse_session *);
+
+static struct fuse_lowlevel_ops ops;
+static open_fn py_open, py_release, py_opendir, py_releasedir;
+static getxattr_fn py_getxattr;
+static uint64_t cache_below;
+static struct fuse_session *wrapped;  /* the one session whose handlers go through here */
+
+void kcache_configure(uint64_t below) { cache_below = below; }
+
+int kcache_sessions_wrapped(void) { return wrapped != NULL; }
+
+static int bind_libfuse(void)
+{
+    void *lib = dlopen("libfuse3.so.3", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL)
+        return -1;
+    real_new = dlsym(lib, "fuse_session_new");
+    real_fd = dlsym(lib, "fuse_session_fd");
+    real_receive = dlsym(lib, "fuse_session_receive_buf");
+    real_process = dlsym(lib, "fuse_session_process_buf");
+    real_destroy = dlsym(lib, "fuse_session_destroy");
+    return real_new && real_fd && real_receive && real_process && real_destroy ? 0 : -1;
+}
+
+/* -- which requests C answers (the reader and the handlers must agree) -------- */
+
+static int open_is_fast(uint64_t ino, uint32_t flags)
+{
+    return ino < cache_below && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_TRUNC);
+}
+
+static int opendir_is_fast(uint64_t ino) { return ino < cache_below; }
+
+static int release_is_fast(uint64_t fh) { return (fh & KERNEL_HANDLE) != 0; }
+
+static int getxattr_is_fast(const char *name) { return strcmp(name, CAPABILITY) == 0; }
+
+static int request_is_fast(const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    const char *arg = mem + sizeof(*in);
+    size_t arglen = len - sizeof(*in);
+
+    if (len < sizeof(*in))
+        return 0;
+    switch (in->opcode) {
+    case FUSE_OPEN:
+        return arglen >= sizeof(struct fuse_open_in) &&
+               open_is_fast(in->nodeid, ((const struct fuse_open_in *)arg)->flags);
+    case FUSE_OPENDIR:
+        return opendir_is_fast(in->nodeid);
+    case FUSE_RELEASE:
+    case FUSE_RELEASEDIR:
+        return arglen >= sizeof(struct fuse_release_in) &&
+               release_is_fast(((const struct fuse_release_in *)arg)->fh);
+    case FUSE_GETXATTR:
+        return arglen > sizeof(struct fuse_getxattr_in) && arg[arglen - 1] == '\0' &&
+               getxattr_is_fast(arg + sizeof(struct fuse_getxattr_in));
+    default:
+        return 0;
+    }
+}
+
+/* -- the handlers ----------------------------------------------------------------- */
+
+static void reply_cached_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int dir)
+{
+    fi->fh = KERNEL_HANDLE | ino;
+    fi->keep_cache = 1;
+    fi->cache_readdir = dir;
+    fuse_reply_open(req, fi);
+}
+
+static void open_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    if (open_is_fast(ino, fi->flags))
+        reply_cached_open(req, ino, fi, 0);
+    else
+        py_open(req, ino, fi);
+}
+
+static void opendir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    if (opendir_is_fast(ino))
+        reply_cached_open(req, ino, fi, 1);
+    else
+        py_opendir(req, ino, fi);
+}
+
+static void release_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    if (release_is_fast(fi->fh))
+        fuse_reply_err(req, 0);
+    else
+        py_release(req, ino, fi);
+}
+
+static void releasedir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    if (release_is_fast(fi->fh))
+        fuse_reply_err(req, 0);
+    else
+        py_releasedir(req, ino, fi);
+}
+
+static void getxattr_fast(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+    if (getxattr_is_fast(name))
+        fuse_reply_err(req, ENODATA);
+    else
+        py_getxattr(req, ino, name, size);
+}
+
+struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
+                                      size_t op_size, void *userdata)
+{
+    struct fuse_session *se;
+
+    if (real_new == NULL && bind_libfuse() != 0)
+        return NULL;  /* pyfuse3.init raises "fuse_session_new() failed" */
+    if (op_size > sizeof(ops) || cache_below == 0 || wrapped != NULL || !op->open || !op->release ||
+        !op->opendir || !op->releasedir || !op->getxattr)
+        return real_new(args, op, op_size, userdata);  /* not ours to change: as is */
+    memcpy(&ops, op, op_size);
+    py_open = ops.open;
+    py_release = ops.release;
+    py_opendir = ops.opendir;
+    py_releasedir = ops.releasedir;
+    py_getxattr = ops.getxattr;
+    ops.open = open_fast;
+    ops.release = release_fast;
+    ops.opendir = opendir_fast;
+    ops.releasedir = releasedir_fast;
+    ops.getxattr = getxattr_fast;
+    se = real_new(args, &ops, op_size, userdata);
+    wrapped = se;
+    return se;
+}
+
+/* -- the reader thread and the queue pyfuse3 reads from --------------------------- */
+
+struct item {
+    struct item *next;
+    int res;  /* what fuse_session_receive_buf returned: > 0 a request of that size */
+    char mem[];
+};
+
+static pthread_t reader;
+static int reader_started;
+static volatile sig_atomic_t stopping;
+static int wake[2] = {-1, -1};  /* one byte per queued item; pyfuse3 polls wake[0] */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct item *head, *tail;  /* the last item is kept queued once it is the end */
+
+static void push(int res, const char *mem)
+{
+    struct item *it = malloc(sizeof(*it) + (res > 0 ? (size_t)res : 0));
+    char one = 1;
+
+    if (it == NULL)
+        abort();  /* a request dropped would hang its caller for ever */
+    it->next = NULL;
+    it->res = res;
+    if (res > 0)
+        memcpy(it->mem, mem, (size_t)res);
+    pthread_mutex_lock(&lock);
+    if (tail)
+        tail->next = it;
+    else
+        head = it;
+    tail = it;
+    pthread_mutex_unlock(&lock);
+    while (write(wake[1], &one, 1) < 0 && errno == EINTR)
+        ;
+}
+
+static void on_stop_signal(int sig) { (void)sig; }
+
+static void *read_requests(void *arg)
+{
+    struct fuse_session *se = arg;
+    struct fuse_buf buf = {0};
+    sigset_t others;
+    int res;
+
+    /* process-wide signals are the Python main thread's to take */
+    sigfillset(&others);
+    sigdelset(&others, SIGURG);
+    pthread_sigmask(SIG_BLOCK, &others, NULL);
+    for (;;) {
+        res = real_receive(se, &buf);
+        if (res == -EINTR) {
+            if (stopping)
+                break;
+            continue;
+        }
+        if (res <= 0) {
+            push(res, NULL);
+            break;
+        }
+        if (request_is_fast(buf.mem, (size_t)res))
+            real_process(se, &buf);
+        else
+            push(res, buf.mem);
+    }
+    free(buf.mem);
+    return NULL;
+}
+
+int fuse_session_fd(struct fuse_session *se)
+{
+    struct sigaction sa;
+
+    if (real_fd == NULL && bind_libfuse() != 0)
+        return -1;
+    if (se != wrapped || real_fd(se) < 0)
+        return real_fd(se);
+    if (reader_started)
+        return wake[0];
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0)
+        return real_fd(se);
+    /* the reader blocks in read(); SIGURG (ignored by default, unused by Python)
+       without SA_RESTART interrupts it when the session is destroyed */
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGURG, &sa, NULL);
+    if (pthread_create(&reader, NULL, read_requests, se) != 0) {
+        close(wake[0]);
+        close(wake[1]);
+        wake[0] = wake[1] = -1;
+        return real_fd(se);
+    }
+    reader_started = 1;
+    return wake[0];
+}
+
+int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
+{
+    struct item *it;
+    char one;
+    int res;
+
+    if (se != wrapped || !reader_started)
+        return real_receive(se, buf);
+    pthread_mutex_lock(&lock);
+    it = head;
+    if (it != NULL && it->res <= 0) {
+        res = it->res;  /* the end: leave it queued and the pipe readable */
+        pthread_mutex_unlock(&lock);
+        return res;
+    }
+    if (it != NULL) {
+        head = it->next;
+        if (head == NULL)
+            tail = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    if (it == NULL)
+        return -EINTR;  /* woken for nothing: pyfuse3 waits again */
+    while (read(wake[0], &one, 1) < 0 && errno == EINTR)
+        ;
+    res = it->res;
+    memmove(it, it->mem, (size_t)res);  /* the request at the start of the block */
+    free(buf->mem);  /* pyfuse3 frees what it holds last; hand it ours */
+    buf->mem = it;
+    buf->size = (size_t)res;
+    buf->flags = 0;
+    buf->pos = 0;
+    return res;
+}
+
+void fuse_session_destroy(struct fuse_session *se)
+{
+    if (real_destroy == NULL && bind_libfuse() != 0)
+        return;
+    if (se == wrapped && reader_started) {
+        struct timespec until;
+
+        stopping = 1;
+        do {  /* a signal that lands outside read() is lost: send it again */
+            pthread_kill(reader, SIGURG);
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 20 * 1000 * 1000;
+            if (until.tv_nsec >= 1000 * 1000 * 1000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000 * 1000 * 1000;
+            }
+        } while (pthread_timedjoin_np(reader, NULL, &until) != 0);
+        reader_started = 0;
+        wrapped = NULL;
+        close(wake[0]);
+        close(wake[1]);
+        wake[0] = wake[1] = -1;
+    }
+    real_destroy(se);
+}

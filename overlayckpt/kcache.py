@@ -1,0 +1,60 @@
+"""Load the C library (_kcache.c) that gives the kernel the cache hints pyfuse3 3.5
+has no API for: cached directory listings, and no round trip through Python for the
+security.capability lookup the kernel makes before every write.
+
+It must be loaded before pyfuse3 is imported, because it stands in for libfuse's
+fuse_session_new, which pyfuse3 binds when it is loaded. Without it (not built,
+or pyfuse3 already imported) the mount works as before, only slower.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.machinery
+import logging
+import os
+import sys
+
+from .records import CONTROL_INO_BASE
+
+log = logging.getLogger(__name__)
+
+_lib: ctypes.CDLL | None = None
+
+
+def _library_path() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        found = glob.glob(os.path.join(here, "_kcache" + suffix))
+        if found:
+            return found[0]
+    return None
+
+
+def preload() -> None:
+    """Load the library ahead of pyfuse3, in the daemon process only."""
+    global _lib
+    if _lib is not None:
+        return
+    if "pyfuse3" in sys.modules:
+        log.warning("pyfuse3 was imported before the kernel-cache library: directory "
+                    "listings will not be cached by the kernel")
+        return
+    path = _library_path()
+    if path is None:
+        log.warning("kernel-cache library not built (run 'make install'): directory "
+                    "listings will not be cached by the kernel")
+        return
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as e:
+        log.warning("kernel-cache library %s not loaded: %s", path, e)
+        return
+    lib.kcache_configure.argtypes = [ctypes.c_uint64]
+    lib.kcache_configure(CONTROL_INO_BASE)
+    _lib = lib
+
+
+def active() -> bool:
+    """Whether the mounted session's handlers go through the library."""
+    return _lib is not None and _lib.kcache_sessions_wrapped() > 0
