@@ -6,7 +6,7 @@
  * pyfuse3 (see kcache.py), this library stands in for four libfuse functions
  * that pyfuse3 calls:
  *
- * - fuse_session_new: wraps five of pyfuse3's request handlers (below).
+ * - fuse_session_new: wraps seven of pyfuse3's request handlers (below).
  * - fuse_session_fd: starts a reader thread on /dev/fuse and gives pyfuse3 the
  *   read end of a pipe instead. The thread answers the requests below at once
  *   and queues every other one, in order, for pyfuse3's loop.
@@ -14,10 +14,13 @@
  * - fuse_session_destroy: stops and joins the thread first.
  *
  * Answered in C:
- * - opendir, and open of a file for reading only: the handle is the inode
- *   number marked with KERNEL_HANDLE; read and readdir go on to Python and
- *   recognise the mark (fuseops.py); the matching release/releasedir are
- *   answered here. The kernel is asked to keep file pages and directory
+ * - opendir, and open of a file without O_TRUNC: the handle is the inode
+ *   number marked with KERNEL_HANDLE; read, write and readdir go on to Python
+ *   and recognise the mark (fuseops.py), which also hands out marked handles
+ *   from create and truncating opens; every release of a marked handle is
+ *   answered here. A write then names its process through
+ *   kcache_request_pid, which the wrapped write handler sets just before
+ *   pyfuse3 runs the Python one. The kernel is asked to keep file pages and directory
  *   listings across opens (FOPEN_KEEP_CACHE, FOPEN_CACHE_DIR): the daemon is
  *   the only writer of what it serves, the kernel drops what changes through
  *   the mount itself, and the daemon invalidates what it changes on its own
@@ -48,6 +51,8 @@
 
 typedef void (*open_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 typedef void (*getxattr_fn)(fuse_req_t, fuse_ino_t, const char *, size_t);
+typedef void (*write_fn)(fuse_req_t, fuse_ino_t, const char *, size_t, off_t, struct fuse_file_info *);
+typedef void (*write_buf_fn)(fuse_req_t, fuse_ino_t, struct fuse_bufvec *, off_t, struct fuse_file_info *);
 
 static struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
 static int (*real_fd)(struct fuse_session *);
@@ -58,7 +63,10 @@ static void (*real_destroy)(struct fuse_session *);
 static struct fuse_lowlevel_ops ops;
 static open_fn py_open, py_release, py_opendir, py_releasedir;
 static getxattr_fn py_getxattr;
+static write_buf_fn py_write_buf;
+static write_fn py_write;
 static uint64_t cache_below;
+int kcache_request_pid;  /* the process of the write being handled (0: page writeback) */
 static struct fuse_session *wrapped;  /* the one session whose handlers go through here */
 
 void kcache_configure(uint64_t below) { cache_below = below; }
@@ -82,7 +90,7 @@ static int bind_libfuse(void)
 
 static int open_is_fast(uint64_t ino, uint32_t flags)
 {
-    return ino < cache_below && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_TRUNC);
+    return ino < cache_below && !(flags & O_TRUNC);  /* truncating is a change: Python's */
 }
 
 static int opendir_is_fast(uint64_t ino) { return ino < cache_below; }
@@ -167,6 +175,20 @@ static void getxattr_fast(fuse_req_t req, fuse_ino_t ino, const char *name, size
         py_getxattr(req, ino, name, size);
 }
 
+static void write_buf_with_pid(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+                               struct fuse_file_info *fi)
+{
+    kcache_request_pid = fuse_req_ctx(req)->pid;
+    py_write_buf(req, ino, bufv, off, fi);  /* the Python handler reads the pid first thing */
+}
+
+static void write_with_pid(fuse_req_t req, fuse_ino_t ino, const char *data, size_t size, off_t off,
+                           struct fuse_file_info *fi)
+{
+    kcache_request_pid = fuse_req_ctx(req)->pid;
+    py_write(req, ino, data, size, off, fi);
+}
+
 struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
                                       size_t op_size, void *userdata)
 {
@@ -175,7 +197,7 @@ struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_
     if (real_new == NULL && bind_libfuse() != 0)
         return NULL;  /* pyfuse3.init raises "fuse_session_new() failed" */
     if (op_size > sizeof(ops) || cache_below == 0 || wrapped != NULL || !op->open || !op->release ||
-        !op->opendir || !op->releasedir || !op->getxattr)
+        !op->opendir || !op->releasedir || !op->getxattr || !op->write_buf || !op->write)
         return real_new(args, op, op_size, userdata);  /* not ours to change: as is */
     memcpy(&ops, op, op_size);
     py_open = ops.open;
@@ -183,11 +205,15 @@ struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_
     py_opendir = ops.opendir;
     py_releasedir = ops.releasedir;
     py_getxattr = ops.getxattr;
+    py_write_buf = ops.write_buf;
+    py_write = ops.write;
     ops.open = open_fast;
     ops.release = release_fast;
     ops.opendir = opendir_fast;
     ops.releasedir = releasedir_fast;
     ops.getxattr = getxattr_fast;
+    ops.write_buf = write_buf_with_pid;
+    ops.write = write_with_pid;
     se = real_new(args, &ops, op_size, userdata);
     wrapped = se;
     return se;

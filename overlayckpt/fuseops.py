@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
+from . import kcache
 from .control import VIEW_INO_BASE, ControlFs, VirtualAttr
 from .errors import FsError
 from .journal import Caller
@@ -32,13 +33,16 @@ log = logging.getLogger(__name__)
 # may keep entries and attributes for a long time.
 CACHE_TIMEOUT = 3600.0
 CAPABILITY_XATTR = b"security.capability"
-# Handles that _kcache.c opened in C (read-only files, directories): the inode number
-# with this bit set. Their release never reaches Python.
+# Handles of files and directories that need no state (all but control files) when
+# _kcache.c is active: the inode number with this bit set. C hands them out for most
+# opens, Python for create and truncating opens; their release never reaches Python.
 KERNEL_HANDLE = 1 << 63
 # Listings of directories opened in C are snapshots shared by offset, not by handle:
 # an offset carries its snapshot's number (high 31 bits) and the index (low 32 bits),
 # so a listing read in chunks never mixes snapshots, whatever else opens the directory.
 SNAPSHOTS_KEPT = 256
+# Page writeback (mmap) carries no process: its writes are journalled as this one.
+WRITEBACK = Caller(0, "writeback")
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -139,6 +143,7 @@ class Operations(pyfuse3.Operations):
         self.dirs: dict[int, Listing | None] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
         self._next_snapshot = 0
+        self.kernel_handles = False  # set once _kcache.c is known to serve the session
         self._next_fh = 1
 
     # -- helpers --------------------------------------------------------------
@@ -147,6 +152,11 @@ class Operations(pyfuse3.Operations):
         if node is None:
             node = self.ov.live(lambda r: self.ov.node(r, ino))
         return entry_attrs(ino, node, self.ov.bs)
+
+    def _file_handle(self, ino: int, ctx: pyfuse3.RequestContext) -> int:
+        if self.kernel_handles:
+            return KERNEL_HANDLE | ino
+        return self._fh(Handle(ino, self._caller(ctx)))
 
     def _fh(self, handle: Handle) -> int:
         fh = self._next_fh
@@ -250,8 +260,7 @@ class Operations(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         ino, node = self._create(parent_inode, name, stat.S_IFREG | (mode & 0o7777), ctx)
-        fh = self._fh(Handle(ino, self._caller(ctx)))
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attrs(ino, node)
+        return pyfuse3.FileInfo(fh=self._file_handle(ino, ctx), keep_cache=True), self._attrs(ino, node)
 
     @translate_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -291,7 +300,7 @@ class Operations(pyfuse3.Operations):
             node = self.ov.live(lambda r: self.ov.node(r, inode))
             if node.is_reg and node.size:
                 self.ov.setattr(caller, inode, size=0)
-        return pyfuse3.FileInfo(fh=self._fh(Handle(inode, caller)), keep_cache=True)
+        return pyfuse3.FileInfo(fh=self._file_handle(inode, ctx), keep_cache=True)
 
     @translate_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -306,6 +315,11 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
+        if fh & KERNEL_HANDLE:
+            # first thing: the pid is the C library's, set for this request only
+            pid = kcache.request_pid()
+            caller = self.comms.caller(pid) if pid else WRITEBACK
+            return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)

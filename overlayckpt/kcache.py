@@ -1,6 +1,6 @@
-"""Load the C library (_kcache.c) that gives the kernel the cache hints pyfuse3 3.5
-has no API for: cached directory listings, and no round trip through Python for the
-security.capability lookup the kernel makes before every write.
+"""Load the C library (_kcache.c) that answers the FUSE requests needing no Python
+(opens, their releases, the security.capability lookup before every write) and asks
+the kernel to keep pages and directory listings across opens.
 
 It must be loaded before pyfuse3 is imported, because it stands in for libfuse's
 fuse_session_new, which pyfuse3 binds when it is loaded. Without it (not built,
@@ -20,6 +20,7 @@ from .records import CONTROL_INO_BASE
 log = logging.getLogger(__name__)
 
 _lib: ctypes.CDLL | None = None
+_request_pid: ctypes.c_int | None = None
 
 
 def _library_path() -> str | None:
@@ -52,9 +53,16 @@ def preload() -> None:
         return
     lib.kcache_configure.argtypes = [ctypes.c_uint64]
     lib.kcache_configure(CONTROL_INO_BASE)
+    global _request_pid
+    _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _lib = lib
 
 
 def active() -> bool:
     """Whether the mounted session's handlers go through the library."""
     return _lib is not None and _lib.kcache_sessions_wrapped() > 0
+
+
+def request_pid() -> int:
+    """The process of the write request being handled (0 for page writeback)."""
+    return _request_pid.value if _request_pid is not None else 0

@@ -103,7 +103,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     except RuntimeError as e:
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
-    session.kernel_dir_cache = kcache.active()
+    session.kernel_dir_cache = ops.kernel_handles = kcache.active()
     info = read_info(store_dir)
     info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
     write_info(store_dir, info)
