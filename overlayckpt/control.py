@@ -8,7 +8,11 @@ readdir of the root never lists it, lookup finds it. Its entries:
   conversation.jsonl  append-only conversation sidecar
   checkpoints/ID/     read-only view of the tree at checkpoint ID (names are
                       symlinks to ids)
-Served with direct_io and zero cache timeouts: every read asks the daemon.
+Served with direct_io: every read asks the daemon. The kernel may keep the
+names (they never change) and the attributes of the directory and of ctl (its
+mode and size never change), which spares a checkpoint request two lookups and
+two permission checks; status.json keeps no cached attributes, so a stat of it
+always reaches the daemon (client.is_stale relies on that).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
 log = logging.getLogger(__name__)
 
+KEPT = 3600.0  # seconds the kernel may keep what never changes (see the module doc)
 DIR_INO = CONTROL_INO_BASE + 1
 CTL_INO = CONTROL_INO_BASE + 2
 STATUS_INO = CONTROL_INO_BASE + 3
@@ -46,6 +51,8 @@ class VirtualAttr:
     mode: int
     size: int = 0
     mtime_ns: int = 0
+    entry_timeout: float = 0.0
+    attr_timeout: float = 0.0
 
 
 class Session(Protocol):
@@ -90,14 +97,17 @@ class ControlFs:
         return virtual_attrs(v)
 
     def _vattr(self, ino: int) -> VirtualAttr:
-        if ino in (DIR_INO, CKPTS_INO):
-            return VirtualAttr(ino, stat.S_IFDIR | 0o755)
+        if ino == DIR_INO:
+            return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT, attr_timeout=KEPT)
+        if ino == CKPTS_INO:
+            return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT)
         if ino == CTL_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o600)
+            return VirtualAttr(ino, stat.S_IFREG | 0o600, entry_timeout=KEPT, attr_timeout=KEPT)
         if ino == STATUS_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o444)
+            return VirtualAttr(ino, stat.S_IFREG | 0o444, entry_timeout=KEPT)
         if ino == CONV_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o644, len(self.session.conversation_text()))
+            return VirtualAttr(ino, stat.S_IFREG | 0o644, len(self.session.conversation_text()),
+                               entry_timeout=KEPT)
         raise FsError(errno.ENOENT)
 
     async def lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:

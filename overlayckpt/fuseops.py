@@ -116,8 +116,8 @@ def entry_attrs(ino: int, node: Node, block_size: int) -> pyfuse3.EntryAttribute
 def virtual_attrs(v: VirtualAttr) -> pyfuse3.EntryAttributes:
     a = pyfuse3.EntryAttributes()
     a.st_ino = v.ino
-    a.entry_timeout = 0
-    a.attr_timeout = 0
+    a.entry_timeout = v.entry_timeout
+    a.attr_timeout = v.attr_timeout
     a.st_mode = v.mode
     a.st_nlink = 2 if stat.S_ISDIR(v.mode) else 1
     a.st_uid = os.getuid()

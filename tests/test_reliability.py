@@ -62,7 +62,7 @@ def stale(path: Path) -> bool:
     """The daemon is gone. stat of the mount root itself may still answer from the
     kernel's attribute cache (one hour), so ask for something never cached."""
     try:
-        os.stat(path / ".overlayckpt" / "ctl")
+        os.stat(path / ".overlayckpt" / "status.json")
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
