@@ -388,10 +388,11 @@ class Overlayckpt(Contender):
     """overlayckpt: mounted and unmounted through its CLI.
 
     Checkpoints and restores go through the daemon's control file, the channel
-    the CLI itself uses (``overlayckpt.client.send``), so the numbers are the
-    mechanism's cost; ``checkpoint_cli`` / ``restore_cli`` time the CLI as a
-    user or agent hook would run it (process start-up included). Without an
-    importable client, everything goes through the CLI.
+    the CLI itself uses, held open as a long-running agent integration would
+    (``overlayckpt.client.Connection``), so the numbers are the mechanism's
+    cost; ``checkpoint_cli`` / ``restore_cli`` time the CLI as a user or agent
+    hook would run it (process start-up included). Without an importable
+    client, everything goes through the CLI.
     """
 
     name = "overlayckpt"
@@ -405,8 +406,9 @@ class Overlayckpt(Contender):
         exe = Path(sys.executable).parent / "overlayckpt"
         self.exe = str(exe) if exe.exists() else (shutil.which("overlayckpt") or "")
         try:
-            from overlayckpt.client import send  # the CLI's own control-channel client
-            self._send = send
+            from overlayckpt.client import Connection  # the CLI's own control-channel client
+            self._send = Connection
+            self._conn = None
         except Exception as e:  # noqa: BLE001 - any import failure means: use the CLI
             self._send = None
             self.notes.append(f"control client not importable ({type(e).__name__}); checkpoints via CLI")
@@ -424,7 +426,9 @@ class Overlayckpt(Contender):
 
     def _ctl(self, cmd: dict) -> dict:
         try:
-            return self._send(str(self.root), cmd)
+            if self._conn is None:
+                self._conn = self._send(str(self.root))
+            return self._conn.call(cmd)
         except Exception as e:  # noqa: BLE001 - UserError and friends
             raise ContenderError(f"control {cmd['cmd']}: {type(e).__name__}: {e}") from e
 
@@ -445,6 +449,9 @@ class Overlayckpt(Contender):
         self._mount()
 
     def teardown(self) -> None:
+        if getattr(self, "_conn", None) is not None:
+            self._conn.close()
+            self._conn = None
         if is_mounted(self.root):
             try:
                 self._cli("unmount", str(self.root), "--no-apply", timeout=60)
