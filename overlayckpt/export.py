@@ -34,11 +34,18 @@ export git
 
 export bundle / import
     A bundle is one zstd stream of msgpack objects: a header (format,
-    block size, repo, the lower inodes the session refers to), then
-    `[table, key, value]` for every entry of every table of the store, then
-    a trailer with the counts. `import` loads it into a new, empty store,
-    verifying every block's digest; the lower inodes let it refuse a repo
-    that is not the directory the session was recorded on.
+    block size, repo, the lower inodes the session refers to with their
+    paths, type, size and content digest), then `[table, key, value]` for
+    every entry of every table of the store, then a trailer with the counts.
+    `import` loads it into a new, empty store, verifying every block's digest.
+
+    Lower entries are numbered by the repo's own st_ino, so another checkout
+    of the repo (another machine, a `cp -a`) numbers them differently. Import
+    looks each recorded path up in the target repo, refuses it if a file is
+    missing or differs (pinned paths excepted: the store keeps those), and
+    rewrites every lower inode in the entries it loads (`_Remap`). Over the
+    recorded directory itself (same inodes) nothing is hashed or rewritten.
+    Only the entries the session refers to are checked, not the whole tree.
 
 Concurrency: in the daemon, reading the store and the tree runs on the trio
 thread in synchronous steps (a read transaction may stay open across awaits,
@@ -49,6 +56,7 @@ thread of its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -70,9 +78,10 @@ import trio
 import zstandard
 
 from .errors import FsError, UserError
+from .lower import openat2_beneath
 from .records import (
-    FIRST_UPPER_INO, FORMAT_VERSION, ROOT_INO, T_NODES, Checkpoint, JournalRecord,
-    Node, from_u64, iso_time, lower_ino, u64, unpack_obj,
+    FIRST_UPPER_INO, FORMAT_VERSION, LOWER_INO_ONE, ROOT_INO, T_NODES, TABLE_NAMES, WHITEOUT,
+    Checkpoint, JournalRecord, Node, from_u64, iso_time, lower_ino, pack_obj, u64, unpack_obj,
 )
 from .session import Session, command, default_store_dir, read_info, write_info
 from .store import TABLES, ReadTxn, Store
@@ -611,7 +620,75 @@ def lower_identity(r: ReadTxn) -> tuple[list[list[Any]], list[bytes]]:
     return [[ino, path] for ino, path in sorted(inos.items())], pinned
 
 
-def write_bundle(store: Store, path: str, info: dict[str, Any]) -> dict[str, Any]:
+def entry_identity(dirfd: int, path: bytes, content: bool = True
+                   ) -> tuple[os.stat_result, list[Any]] | None:
+    """The lstat of the entry at a path below dirfd and what import compares of it: [type,
+    size, blake3 of the content or link target] ([] without content); None if absent."""
+    parent, _, name = path.rpartition(b"/")
+    try:
+        pfd = openat2_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FsError:
+        return None
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        kind = stat.S_IFMT(st.st_mode)
+        if not content:
+            return st, []
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=pfd)
+            return st, [kind, len(target), blake3.blake3(target).digest()]
+        if not stat.S_ISREG(st.st_mode):
+            return st, [kind, 0, None]  # directories and the like: their type is what we check
+        h, size = blake3.blake3(), 0
+        fd = openat2_beneath(pfd, name, os.O_RDONLY)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+        return st, [kind, size, h.digest()]
+    except (OSError, FsError):
+        return None
+    finally:
+        os.close(pfd)
+
+
+def lower_files(r: ReadTxn, lower_fd: int, lower: list[list[Any]]) -> list[list[Any]]:
+    """What import checks another checkout against: [ino, path, type, size, digest] of every
+    lower entry the session refers to, read through the lower fd (never through our own
+    mount); type None for pinned paths, which the store keeps (with the pin's inode)."""
+    out: dict[int, list[Any]] = {}
+    for k, v in r.range_from(b"pinned"):
+        if k != b"/":  # the root is always ROOT_INO
+            out.setdefault(lower_ino(unpack_obj(v)["st"][1]), [k[1:], None, None, None])
+    pinned = {e[0] for e in out.values()}
+    for ino, path in lower:
+        if path in pinned:
+            out.setdefault(ino, [path, None, None, None])
+        elif ino not in out:
+            found = entry_identity(lower_fd, path)
+            out[ino] = [path, *found[1]] if found is not None else [path, 0, 0, None]
+    return [[ino, *rest] for ino, rest in sorted(out.items())]
+
+
+def _fingerprint(st: os.stat_result) -> list[int]:
+    return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns]  # as apply's `seen` holds it
+
+
+def seen_files(r: ReadTxn, lower_fd: int) -> list[list[Any]]:
+    """[path, size, digest] of the files the repo still holds as `seen` (apply's conflict
+    check) recorded them: import gives a checkout holding the same content their fingerprint."""
+    out = []
+    for k, v in r.range_from(b"seen"):
+        found = entry_identity(lower_fd, k[1:])
+        if (found is not None and stat.S_ISREG(found[0].st_mode)
+                and unpack_obj(v) == _fingerprint(found[0])):
+            out.append([k[1:], found[1][1], found[1][2]])
+    return out
+
+
+def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -> dict[str, Any]:
     """Write every table of the store, as one consistent snapshot, into a bundle file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     counts: dict[str, int] = {}
@@ -620,7 +697,9 @@ def write_bundle(store: Store, path: str, info: dict[str, Any]) -> dict[str, Any
         lower, pinned = lower_identity(r)
         header = {"bundle": BUNDLE_MAGIC, "version": BUNDLE_VERSION, "format": r.meta_int(b"format"),
                   "block_size": store.block_size, "tables": [t.decode() for t in TABLES],
-                  "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned, **info}
+                  "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned,
+                  "lower_files": lower_files(r, lower_fd, lower),
+                  "seen_files": seen_files(r, lower_fd), **info}
         packer = msgpack.Packer()
         with open(tmp, "wb") as f:
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:
@@ -670,7 +749,7 @@ async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if mnt and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
         raise UserError(f"{path} is inside the mount {mnt}: write the bundle outside it")
     info = {"repo": s.repo, "window": s.overlay.window, "session": session_name(s.store.path)}
-    return await trio.to_thread.run_sync(write_bundle, s.store, path, info)
+    return await trio.to_thread.run_sync(write_bundle, s.store, path, info, s.lower.fd)
 
 
 class _Bundle:
@@ -697,7 +776,9 @@ class _Bundle:
                 or not isinstance(pinned, list) or not all(isinstance(t, str) for t in header["tables"])
                 or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
                            and isinstance(e[1], bytes) for e in lower)
-                or not all(isinstance(p, bytes) for p in pinned)):
+                or not all(isinstance(p, bytes) for p in pinned)
+                or not _rows_ok(header.get("lower_files", []), 5, 1)
+                or not _rows_ok(header.get("seen_files", []), 3, 0)):
             raise UserError(f"{path} is damaged (its header is malformed): export the bundle again")
         self.header = header
         self.tables = [t.encode() for t in header["tables"]]
@@ -733,6 +814,13 @@ class _Bundle:
         self.f.close()
 
 
+def _rows_ok(rows: Any, n: int, path_at: int) -> bool:
+    """Header rows (lower_files, seen_files) of n ints, bytes or nils, with a path at path_at."""
+    return isinstance(rows, list) and all(
+        isinstance(e, list) and len(e) == n and isinstance(e[path_at], bytes)
+        and all(isinstance(x, (int, bytes, type(None))) for x in e) for e in rows)
+
+
 def check_repo(header: dict[str, Any], repo: str) -> None:
     """Refuse a repo that is not the directory the session recorded (its inodes differ)."""
     pinned = {bytes(p) for p in header.get("pinned", [])}
@@ -747,6 +835,112 @@ def check_repo(header: dict[str, Any], repo: str) -> None:
             raise UserError(f"{repo} is not the repo as this session recorded it ({os.fsdecode(origin)} "
                             "is missing or another file now): import over that same, unchanged "
                             "directory (--repo)")
+
+
+def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | None:
+    """How the inodes of the recorded repo become those of repo, after checking that repo
+    holds what the session refers to; None when repo is the recorded directory (same inodes)."""
+    files = header.get("lower_files")
+    if files is None:  # a bundle from before lower_files: only the same directory will do
+        check_repo(header, repo)
+        return None
+    dirfd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # the same directory: nothing to hash or rewrite, exactly as before lower_files
+        if all((found := entry_identity(dirfd, path, content=False)) is not None
+               and lower_ino(found[0].st_ino) == ino for ino, path, kind, *_ in files if kind is not None):
+            return None
+        inos: dict[int, int] = {}
+        for ino, path, kind, size, digest in files:
+            found = entry_identity(dirfd, path, content=kind is not None)
+            if kind is None:  # pinned: the store keeps the original, any content will do
+                inos[ino] = lower_ino(found[0].st_ino) if found is not None else ino
+                continue
+            if found is None or found[1] != [kind, size, digest]:
+                why = ("is missing" if found is None else "is another type of file"
+                       if found[1][0] != kind else "has other content")
+                name = os.fsdecode(path)
+                raise UserError(f"{repo} is not the repo this session was recorded on: {name} {why} "
+                                f"there: import into a checkout of the same commit with {name} as "
+                                "it was (--repo)")
+            inos[ino] = lower_ino(found[0].st_ino)
+        seen: dict[bytes, list[int]] = {}
+        for path, size, digest in header.get("seen_files", []):
+            found = entry_identity(dirfd, path)
+            if found is not None and found[1] == [stat.S_IFREG, size, digest]:
+                seen[path] = _fingerprint(found[0])
+    finally:
+        os.close(dirfd)
+    # two recorded files must not become one (hard links the recorded repo did not have)
+    paths = {ino: path for ino, path, *_ in files}
+    owner: dict[int, int] = {}
+    for old, new in inos.items():
+        first = owner.setdefault(new, old)
+        if first != old:
+            a, b = os.fsdecode(paths[first]), os.fsdecode(paths[old])
+            raise UserError(f"{a} and {b} are one file (hard links) in {repo} but not in the repo "
+                            "this session was recorded on: import into a checkout where they are "
+                            "separate files (--repo)")
+    return _Remap(inos, seen, bundle_path)
+
+
+class _Remap:
+    """Rewrites the lower inodes held in store entries from the recorded repo's to the target's.
+
+    They are: the keys of nodes, dirents, bmap and xattrs (the inode comes first), dirent
+    values, a node's parent hint, the same in journal undo entries, a pin's st_ino and the
+    inode `seen` fingerprints. Root, upper and control inodes never change."""
+
+    def __init__(self, inos: dict[int, int], seen: dict[bytes, list[int]], path: str) -> None:
+        self.inos, self.seen, self.path = inos, seen, path
+
+    def ino(self, ino: int, hint: bool = False) -> int:
+        if not ROOT_INO < ino < FIRST_UPPER_INO:
+            return ino
+        new = self.inos.get(ino)
+        if new is None:
+            if hint:
+                return 0  # a parent hint: 0 means unknown, ancestors() finds it from the origin
+            raise UserError(f"{self.path} refers to repo inode {ino} without naming its path: import "
+                            "over the directory the session was recorded on (--repo)")
+        return new
+
+    def _head(self, b: bytes) -> bytes:
+        return u64(self.ino(from_u64(b[:8]))) + b[8:]
+
+    def entry(self, table: bytes, key: bytes, value: bytes | None) -> tuple[bytes, bytes | None]:
+        if table in (b"nodes", b"dirents", b"bmap", b"xattrs"):
+            key = self._head(key)
+        if value is None:
+            return key, None
+        if table == b"nodes":
+            node = Node.unpack(value)
+            node.parent = self.ino(node.parent, hint=True)
+            value = node.pack()
+        elif table == b"dirents" and value != WHITEOUT:
+            value = self._head(value)
+        elif table == b"journal":
+            rec = JournalRecord.unpack(from_u64(key), value)
+            undo = []
+            for t, k, v in rec.undo:  # (table, key, old value): encoded as in the tables
+                k, v = self.entry(TABLE_NAMES[t], k, v)
+                undo.append((t, k, v))
+            value = dataclasses.replace(rec, undo=tuple(undo)).pack()
+        elif table == b"pinned":
+            pin = unpack_obj(value)
+            new = self.inos.get(lower_ino(pin["st"][1]))
+            if new is not None:
+                pin["st"][1] = 1 if new == LOWER_INO_ONE else new  # st_ino as lstat gave it
+                value = pack_obj(pin)
+        elif table == b"seen" and key[1:] in self.seen:
+            # [ino, size, mtime] of the repo's file: the target's when it holds the same
+            # content; otherwise the old one stays, and apply compares the content
+            value = pack_obj(self.seen[key[1:]])
+        return key, value
+
+    def row(self, table: bytes, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+        key, new = self.entry(table, key, value)
+        return key, new if new is not None else value
 
 
 def _store_is_empty(store: Store) -> bool:
@@ -764,9 +958,9 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
         repo = repo or header.get("repo")
         if not repo or not os.path.isdir(repo):
             raise UserError(f"the bundle's repo {repo} is not a directory here: give --repo DIR "
-                            "(the same directory the session was recorded on)")
+                            "(the directory the session was recorded on, or a checkout of it)")
         repo = os.path.realpath(repo)
-        check_repo(header, repo)
+        remap = repo_remap(header, repo, path)
         store_dir = os.path.abspath(store_dir or default_store_dir(repo))
         if os.path.exists(store_dir) and not os.path.isdir(store_dir):
             raise UserError(f"{store_dir} exists and is not a directory: pick another --store")
@@ -778,7 +972,7 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
                 failed = False  # not ours to clean
                 raise UserError(f"store {store_dir} already holds a session: import into a new "
                                 "--store (import never merges sessions)")
-            counts = _load(store, bundle)
+            counts = _load(store, bundle, remap)
             failed = False
         finally:
             if failed and before is not None and "data.mdb" in before:
@@ -805,7 +999,7 @@ def _remove_new(store_dir: str, before: set[str] | None) -> None:
         _unlink(os.path.join(store_dir, name))
 
 
-def _load(store: Store, bundle: _Bundle) -> dict[str, int]:
+def _load(store: Store, bundle: _Bundle, remap: _Remap | None = None) -> dict[str, int]:
     counts = {t.decode(): 0 for t in TABLES}
     batch: list[tuple[bytes, bytes, bytes]] = []
     size = 0
@@ -828,8 +1022,10 @@ def _load(store: Store, bundle: _Bundle) -> dict[str, int]:
             if not ok:
                 raise UserError(f"{bundle.path} is damaged (block {key.hex()[:16]} does not match its "
                                 "digest): export the bundle again")
-        batch.append((table, key, value))
         counts[table.decode()] += 1
+        if remap is not None:
+            key, value = remap.row(table, key, value)
+        batch.append((table, key, value))
         size += len(key) + len(value)
         if len(batch) >= 20000 or size >= 64 << 20:
             flush()

@@ -358,12 +358,15 @@ def test_bundle_import_restores_every_checkpoint(repo: Path, mount_factory, tmp_
     force_unmount(str(m.mnt))
     wait_daemon_gone(m.store)
 
+    # a bundle of an older overlayckpt (no lower_files) still only goes over the same directory
+    old = tmp_path / "old.bundle"
+    bundle_without(bundle, old, "lower_files", "seen_files")
     copy = tmp_path / "repo-copy"
-    shutil.copytree(repo, copy, symlinks=True)  # same content, other inodes: not the same repo
-    bad = run_cli("import", str(bundle), "--store", str(tmp_path / "store-x"), "--repo", str(copy),
-                  check=False)
-    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    subprocess.run(["cp", "-a", str(repo), str(copy)], check=True)
+    assert "not the repo as this session recorded it" in one_line_error(
+        run_cli("import", str(old), "--store", str(tmp_path / "store-x"), "--repo", str(copy), check=False))
     assert not (tmp_path / "store-x").exists()
+    run_cli("import", str(old), "--store", str(tmp_path / "store-old"))
 
     run_cli("import", str(bundle), "--store", str(tmp_path / "store-imp"))
     twice = run_cli("import", str(bundle), "--store", str(tmp_path / "store-imp"), check=False)
@@ -376,6 +379,99 @@ def test_bundle_import_restores_every_checkpoint(repo: Path, mount_factory, tmp_
     for cid, digest in live.items():
         assert m2.ctl({"cmd": "restore", "id": cid})["ok"]
         assert tree_digest(str(m2.mnt)) == digest, f"checkpoint {cid} did not restore exactly"
+
+
+def bundle_without(src: Path, dst: Path, *keys: str) -> None:
+    """A copy of a bundle whose header lacks keys, as an older overlayckpt wrote it."""
+    import msgpack
+    import zstandard
+    with src.open("rb") as f:
+        objs = list(msgpack.Unpacker(zstandard.ZstdDecompressor().stream_reader(f), raw=False,
+                                     strict_map_key=False))
+    for key in keys:
+        objs[0].pop(key)
+    dst.write_bytes(zstandard.ZstdCompressor().compress(b"".join(msgpack.packb(o) for o in objs)))
+
+
+def record_and_export(repo: Path, m: Mount, tmp_path: Path, apply: bool
+                      ) -> tuple[Path, list[dict], dict[int, dict], dict[int, dict]]:
+    """A session that surely refers to repo files (README.md and its hard link, a multi-block
+    file, a directory), optionally applied halfway (pins); its bundle, log, views and live trees."""
+    with open(m.mnt / "README.md", "a") as f:
+        f.write("more\n")
+    with open(m.mnt / "docs" / "guide.txt", "r+") as f:
+        f.seek(9000)
+        f.write("EDIT")
+    (m.mnt / "src" / "pkg" / "extra.py").write_text("X = 1\n")
+    live = record(m, seed=11, steps=6)
+    if apply:
+        m.cli("apply")  # the repo now holds the live tree; the originals are pinned in the store
+        rng = random.Random(12)
+        for i in range(100, 104):  # more changes over the applied repo
+            step(rng, m.mnt, i)
+            live[m.ctl({"cmd": "checkpoint"})["id"]] = tree_digest(str(m.mnt))
+    ids = checkpoint_ids(m)
+    views = {cid: tree_digest(str(m.mnt / ".overlayckpt" / "checkpoints" / str(cid))) for cid in ids}
+    log = m.ctl({"cmd": "log"})["checkpoints"]
+    bundle = tmp_path / "session.bundle"
+    m.cli("export", "bundle", str(bundle))
+    force_unmount(str(m.mnt))
+    wait_daemon_gone(m.store)
+    return bundle, log, views, live
+
+
+@pytest.mark.parametrize("apply", [False, True])
+def test_bundle_import_into_another_checkout(repo: Path, mount_factory, tmp_path: Path,
+                                             apply: bool) -> None:
+    """Another checkout of the repo numbers its files differently: import maps the recorded
+    inodes to the checkout's, so every view and every restore is the original's."""
+    m = mount_factory(repo)
+    bundle, log, views, live = record_and_export(repo, m, tmp_path, apply)
+    checkout = tmp_path / "checkout"
+    subprocess.run(["cp", "-a", str(repo), str(checkout)], check=True)
+    assert os.lstat(checkout / "docs").st_ino != os.lstat(repo / "docs").st_ino
+    store = tmp_path / "store-imp"
+    repo.rename(tmp_path / "recorded")  # nothing may read the recorded directory
+    try:
+        run_cli("import", str(bundle), "--store", str(store), "--repo", str(checkout))
+        m2 = mount_factory(checkout, name="imp")
+        assert m2.ctl({"cmd": "log"})["checkpoints"] == log
+        for cid, digest in views.items():
+            assert tree_digest(str(m2.mnt / ".overlayckpt" / "checkpoints" / str(cid))) == digest, \
+                f"checkpoint {cid} differs after import into another checkout"
+        for cid, digest in live.items():
+            assert m2.ctl({"cmd": "restore", "id": cid})["ok"]
+            assert tree_digest(str(m2.mnt)) == digest, f"checkpoint {cid} did not restore exactly"
+        final = tree_digest(str(m2.mnt))
+        force_unmount(str(m2.mnt))
+        wait_daemon_gone(store)
+        # apply's record of the repo came along: the checkout is as it expects, no conflict
+        run_cli("--store", str(store), "apply")
+        assert tree_digest(str(checkout)) == final
+    finally:
+        (tmp_path / "recorded").rename(repo)  # for the first session's fsck at teardown
+
+
+def test_bundle_import_refuses_a_checkout_with_a_changed_file(repo: Path, mount_factory,
+                                                              tmp_path: Path) -> None:
+    m = mount_factory(repo)
+    bundle, *_ = record_and_export(repo, m, tmp_path, apply=False)
+    checkout = tmp_path / "checkout"
+    subprocess.run(["cp", "-a", str(repo), str(checkout)], check=True)
+    guide = checkout / "docs" / "guide.txt"
+    data = bytearray(guide.read_bytes())
+    data[100:104] = b"user"  # same size, other content
+    guide.write_bytes(bytes(data))
+    store = tmp_path / "store-x"
+    err = one_line_error(run_cli("import", str(bundle), "--store", str(store), "--repo", str(checkout),
+                                 check=False))
+    assert "docs/guide.txt has other content" in err and "--repo" in err
+    assert not store.exists()
+    (checkout / "docs" / "guide.txt").unlink()
+    err = one_line_error(run_cli("import", str(bundle), "--store", str(store), "--repo", str(checkout),
+                                 check=False))
+    assert "docs/guide.txt is missing" in err
+    assert not store.exists()
 
 
 def test_bad_inputs_fail_with_one_line(git_repo: Path, mount_factory, tmp_path: Path) -> None:
