@@ -230,7 +230,7 @@ struct item {
 static pthread_t reader;
 static int reader_started;
 static volatile sig_atomic_t stopping;
-static int wake[2] = {-1, -1};  /* one byte per queued item; pyfuse3 polls wake[0] */
+static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct item *head, *tail;  /* the last item is kept queued once it is the end */
 
@@ -252,7 +252,7 @@ static void push(int res, const char *mem)
         head = it;
     tail = it;
     pthread_mutex_unlock(&lock);
-    while (write(wake[1], &one, 1) < 0 && errno == EINTR)
+    while (write(wake[1], &one, 1) < 0 && errno == EINTR && !stopping)
         ;
 }
 
@@ -299,8 +299,11 @@ int fuse_session_fd(struct fuse_session *se)
         return real_fd(se);
     if (reader_started)
         return wake[0];
-    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0)
+    /* the read end never blocks pyfuse3's loop; the write end blocks the reader
+       thread if ever 64 KiB of requests wait, so no wake-up is ever lost */
+    if (pipe2(wake, O_CLOEXEC) != 0)
         return real_fd(se);
+    fcntl(wake[0], F_SETFL, O_NONBLOCK);
     /* the reader blocks in read(); SIGURG (ignored by default, unused by Python)
        without SA_RESTART interrupts it when the session is destroyed */
     memset(&sa, 0, sizeof(sa));
