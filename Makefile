@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PKGS := fuse3 libfuse3-dev pkg-config
+APT_PKGS := fuse3 libfuse3-dev pkg-config gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install test stress demo bench bench-quick clean deps
