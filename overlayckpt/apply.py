@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from .errors import FsError, UserError
-from .lower import Pin, PinLookup, PinStat, join, openat2_beneath
+from .lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
 from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj
 from .store import ReadTxn, Store
 
@@ -151,24 +151,6 @@ class Applier:
 
     # -- conflicts with changes made to the repo itself -------------------------
 
-    def _real(self, path: bytes) -> os.stat_result | None:
-        parent, _, name = path.rpartition(b"/")
-        try:
-            fd = openat2_beneath(self.fd, parent, os.O_RDONLY | os.O_DIRECTORY)
-        except FsError:
-            return None
-        try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _fingerprint(st: os.stat_result | None) -> list[int]:
-        """What `seen` records of a repo entry: inode, size, mtime; zeros for no entry."""
-        return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns] if st is not None else [0, 0, 0]
-
     def _seen(self) -> list[tuple[bytes, list[int]]]:
         return self.s.store.read(lambda r: [(k[1:], unpack_obj(v)) for k, v in r.range_from(b"seen")])
 
@@ -177,8 +159,8 @@ class Applier:
         changed it, unless the result would be the same bytes anyway."""
         conflicts = []
         for path, seen in self._seen():
-            real = self._real(path)
-            if seen == self._fingerprint(real):
+            real = lstat_beneath(self.fd, path)
+            if seen == seen_fingerprint(real):
                 continue
             if real is None or not stat.S_ISREG(real.st_mode):
                 conflicts.append(path)
@@ -204,7 +186,7 @@ class Applier:
 
     def remember_repo(self) -> None:
         """After an apply the repo holds what we wrote: that is what later applies compare with."""
-        updates = [(b"/" + path, pack_obj(self._fingerprint(self._real(path))))
+        updates = [(b"/" + path, pack_obj(seen_fingerprint(lstat_beneath(self.fd, path))))
                    for path, _ in self._seen()]
 
         def fn(w: Any) -> None:
@@ -324,6 +306,11 @@ class Applier:
         os.utime(tmp, ns=(node.atime_ns, node.mtime_ns), dir_fd=dfd, follow_symlinks=False)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         self.stats["written"] += 1
+
+
+def seen_fingerprint(st: os.stat_result | None) -> list[int]:
+    """What `seen` records of a repo entry: inode, size, mtime; zeros for no entry."""
+    return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns] if st is not None else [0, 0, 0]
 
 
 def apply_live(session: "Session", force: bool = False) -> dict[str, int]:

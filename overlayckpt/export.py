@@ -77,6 +77,7 @@ import msgpack
 import trio
 import zstandard
 
+from .apply import seen_fingerprint
 from .errors import FsError, UserError
 from .lower import openat2_beneath
 from .records import (
@@ -672,10 +673,6 @@ def lower_files(r: ReadTxn, lower_fd: int, lower: list[list[Any]]) -> list[list[
     return [[ino, *rest] for ino, rest in sorted(out.items())]
 
 
-def _fingerprint(st: os.stat_result) -> list[int]:
-    return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns]  # as apply's `seen` holds it
-
-
 def seen_files(r: ReadTxn, lower_fd: int) -> list[list[Any]]:
     """[path, size, digest] of the files the repo still holds as `seen` (apply's conflict
     check) recorded them: import gives a checkout holding the same content their fingerprint."""
@@ -683,7 +680,7 @@ def seen_files(r: ReadTxn, lower_fd: int) -> list[list[Any]]:
     for k, v in r.range_from(b"seen"):
         found = entry_identity(lower_fd, k[1:])
         if (found is not None and stat.S_ISREG(found[0].st_mode)
-                and unpack_obj(v) == _fingerprint(found[0])):
+                and unpack_obj(v) == seen_fingerprint(found[0])):
             out.append([k[1:], found[1][1], found[1][2]])
     return out
 
@@ -868,7 +865,7 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | 
         for path, size, digest in header.get("seen_files", []):
             found = entry_identity(dirfd, path)
             if found is not None and found[1] == [stat.S_IFREG, size, digest]:
-                seen[path] = _fingerprint(found[0])
+                seen[path] = seen_fingerprint(found[0])
     finally:
         os.close(dirfd)
     # two recorded files must not become one (hard links the recorded repo did not have)

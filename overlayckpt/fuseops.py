@@ -33,13 +33,13 @@ log = logging.getLogger(__name__)
 # may keep entries and attributes for a long time.
 CACHE_TIMEOUT = 3600.0
 CAPABILITY_XATTR = b"security.capability"
-# Handles of files and directories that need no state (all but control files) when
+# Handles of directories, and of files that need no state (all but control files) when
 # _kcache.c is active: the inode number with this bit set. C hands them out for most
 # opens, Python for create and truncating opens; their release never reaches Python.
 KERNEL_HANDLE = 1 << 63
-# Listings of directories opened in C are snapshots shared by offset, not by handle:
-# an offset carries its snapshot's number (high 31 bits) and the index (low 32 bits),
-# so a listing read in chunks never mixes snapshots, whatever else opens the directory.
+# Directory listings are snapshots found by offset, not by handle: an offset carries
+# its snapshot's number (high 31 bits) and the index (low 32 bits), so a listing read
+# in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
 # Page writeback (mmap) carries no process: its writes are journalled as this one.
 WRITEBACK = Caller(0, "writeback")
@@ -140,7 +140,6 @@ class Operations(pyfuse3.Operations):
         self.ctl = control
         self.comms = Comms()
         self.handles: dict[int, Handle] = {}
-        self.dirs: dict[int, Listing | None] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
         self._next_snapshot = 0
         self.kernel_handles = False  # set once _kcache.c is known to serve the session
@@ -294,12 +293,11 @@ class Operations(pyfuse3.Operations):
         if inode >= CONTROL_INO_BASE:
             handle = Handle(inode, self._caller(ctx), await self.ctl.open(inode, flags))
             return pyfuse3.FileInfo(fh=self._fh(handle), direct_io=True, keep_cache=False)
-        caller = self._caller(ctx)
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
             # the kernel passes O_TRUNC on to us; ignoring it would keep the old data
             node = self.ov.live(lambda r: self.ov.node(r, inode))
             if node.is_reg and node.size:
-                self.ov.setattr(caller, inode, size=0)
+                self.ov.setattr(self._caller(ctx), inode, size=0)
         return pyfuse3.FileInfo(fh=self._file_handle(inode, ctx), keep_cache=True)
 
     @translate_errors
@@ -345,9 +343,9 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        fh = self._fh(Handle(inode, self._caller(ctx)))
-        self.dirs[fh] = None
-        return fh
+        # a listing is found by its offset (readdir), so a directory handle needs no
+        # state: the inode, marked, as _kcache.c hands out for repo directories
+        return KERNEL_HANDLE | inode
 
     def _listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
         if ino >= CONTROL_INO_BASE:
@@ -364,42 +362,27 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        if fh & KERNEL_HANDLE:
-            number, index, listing = self._snapshot(fh ^ KERNEL_HANDLE, start_id)
-            base = number << 32
-        else:
-            listing = self.dirs.get(fh)
-            if listing is None or start_id == 0:
-                ino = self.handles[fh].ino
-                listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
-                self.dirs[fh] = listing
-            index, base = start_id, 0
-        for i in range(index, len(listing)):
-            name, attrs = listing[i]
-            if not pyfuse3.readdir_reply(token, name, attrs, base + i + 1):
-                return
-
-    def _snapshot(self, ino: int, start_id: int) -> tuple[int, int, Listing]:
-        """The listing an offset of a C-opened directory belongs to: a new snapshot at
-        offset 0, else the one the offset names (taken again if it was dropped)."""
         number, index = start_id >> 32, start_id & 0xFFFFFFFF
-        if start_id == 0:
-            self._next_snapshot = self._next_snapshot % 0x7FFFFFFF + 1
-            number = self._next_snapshot
-        listing = self.snapshots.get(number)
-        if listing is None:
-            listing = self._listing(ino)
+        listing = self.snapshots.get(number) if start_id else None
+        if listing is None:  # offset 0, or a snapshot dropped meanwhile: take it (again)
+            ino = fh ^ KERNEL_HANDLE
+            listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
+            if not start_id:
+                self._next_snapshot = self._next_snapshot % 0x7FFFFFFF + 1
+                number = self._next_snapshot
             self.snapshots[number] = listing
             if len(self.snapshots) > SNAPSHOTS_KEPT:
                 self.snapshots.popitem(last=False)
         else:
             self.snapshots.move_to_end(number)
-        return number, index, listing
+        for i in range(index, len(listing)):
+            name, attrs = listing[i]
+            if not pyfuse3.readdir_reply(token, name, attrs, (number << 32) + i + 1):
+                return
 
     @translate_errors
     async def releasedir(self, fh: int) -> None:
-        self.handles.pop(fh, None)
-        self.dirs.pop(fh, None)
+        pass  # directory handles hold nothing (see opendir)
 
     @translate_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:

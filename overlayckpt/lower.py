@@ -43,6 +43,21 @@ def openat2_beneath(dirfd: int, path: bytes, flags: int) -> int:
     return fd
 
 
+def lstat_beneath(dirfd: int, path: bytes) -> os.stat_result | None:
+    """lstat of the entry at path below dirfd, never leaving it; None if there is none."""
+    parent, _, name = path.rpartition(b"/")
+    try:
+        fd = openat2_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FsError:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def split(path: bytes) -> tuple[bytes, bytes]:
     head, _, tail = path.rpartition(b"/")
     return head, tail
