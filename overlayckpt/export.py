@@ -79,7 +79,7 @@ import zstandard
 
 from .apply import seen_fingerprint
 from .errors import FsError, UserError
-from .lower import openat2_beneath
+from .lower import lstat_beneath, openat2_beneath
 from .records import (
     FIRST_UPPER_INO, FORMAT_VERSION, LOWER_INO_ONE, ROOT_INO, T_NODES, TABLE_NAMES, WHITEOUT,
     Checkpoint, JournalRecord, Node, from_u64, iso_time, lower_ino, pack_obj, u64, unpack_obj,
@@ -625,34 +625,30 @@ def entry_identity(dirfd: int, path: bytes, content: bool = True
                    ) -> tuple[os.stat_result, list[Any]] | None:
     """The lstat of the entry at a path below dirfd and what import compares of it: [type,
     size, blake3 of the content or link target] ([] without content); None if absent."""
-    parent, _, name = path.rpartition(b"/")
+    st = lstat_beneath(dirfd, path)
+    if st is None or not content:
+        return None if st is None else (st, [])
+    kind = stat.S_IFMT(st.st_mode)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        return st, [kind, 0, None]  # directories and the like: their type is what we check
+    h, size = blake3.blake3(), 0
     try:
-        pfd = openat2_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
-    except FsError:
-        return None
-    try:
-        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-        kind = stat.S_IFMT(st.st_mode)
-        if not content:
-            return st, []
-        if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(name, dir_fd=pfd)
-            return st, [kind, len(target), blake3.blake3(target).digest()]
-        if not stat.S_ISREG(st.st_mode):
-            return st, [kind, 0, None]  # directories and the like: their type is what we check
-        h, size = blake3.blake3(), 0
-        fd = openat2_beneath(pfd, name, os.O_RDONLY)
+        # O_PATH opens a symlink itself (no follow), and readlinkat(fd, "") reads it
+        fd = openat2_beneath(dirfd, path, os.O_PATH if stat.S_ISLNK(st.st_mode) else os.O_RDONLY)
         try:
-            while chunk := os.read(fd, 1 << 20):
-                h.update(chunk)
-                size += len(chunk)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(b"", dir_fd=fd)
+                h.update(target)
+                size = len(target)
+            else:
+                while chunk := os.read(fd, 1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
         finally:
             os.close(fd)
-        return st, [kind, size, h.digest()]
     except (OSError, FsError):
         return None
-    finally:
-        os.close(pfd)
+    return st, [kind, size, h.digest()]
 
 
 def lower_files(r: ReadTxn, lower_fd: int, lower: list[list[Any]]) -> list[list[Any]]:
