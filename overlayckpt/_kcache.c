@@ -11,6 +11,8 @@
  *   read end of a pipe instead. The thread answers the requests below at once
  *   and queues every other one, in order, for pyfuse3's loop.
  * - fuse_session_receive_buf: pyfuse3 takes the next queued request.
+ *   kcache_wait_queued lets kcache.py have pyfuse3's loop wait for it here,
+ *   without the GIL, instead of in trio.
  * - fuse_session_destroy: stops and joins the thread first.
  *
  * Answered in C:
@@ -48,6 +50,11 @@
 
 #define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuseops.KERNEL_HANDLE */
 #define CAPABILITY "security.capability"
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() do { } while (0)
+#endif
 
 typedef void (*open_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 typedef void (*getxattr_fn)(fuse_req_t, fuse_ino_t, const char *, size_t);
@@ -233,6 +240,9 @@ static volatile sig_atomic_t stopping;
 static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct item *head, *tail;  /* the last item is kept queued once it is the end */
+static int queued;  /* items in the queue; read without the lock for a first look */
+static int waiters;  /* threads in kcache_wait_queued */
+static pthread_cond_t arrived;  /* signalled on push when someone waits (CLOCK_MONOTONIC) */
 
 static void push(int res, const char *mem)
 {
@@ -251,9 +261,25 @@ static void push(int res, const char *mem)
     else
         head = it;
     tail = it;
+    __atomic_add_fetch(&queued, 1, __ATOMIC_RELEASE);
+    if (waiters)
+        pthread_cond_signal(&arrived);
     pthread_mutex_unlock(&lock);
     while (write(wake[1], &one, 1) < 0 && errno == EINTR && !stopping)
         ;
+}
+
+static void init_arrived(void)
+{
+    static int done;
+    pthread_condattr_t attr;
+
+    if (done++)
+        return;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&arrived, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 static void on_stop_signal(int sig) { (void)sig; }
@@ -303,6 +329,7 @@ int fuse_session_fd(struct fuse_session *se)
        thread if ever 64 KiB of requests wait, so no wake-up is ever lost */
     if (pipe2(wake, O_CLOEXEC) != 0)
         return real_fd(se);
+    init_arrived();
     fcntl(wake[0], F_SETFL, O_NONBLOCK);
     /* the reader blocks in read(); SIGURG (ignored by default, unused by Python)
        without SA_RESTART interrupts it when the session is destroyed */
@@ -339,6 +366,7 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
         head = it->next;
         if (head == NULL)
             tail = NULL;
+        __atomic_sub_fetch(&queued, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&lock);
     if (it == NULL)
@@ -353,6 +381,42 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
     buf->flags = 0;
     buf->pos = 0;
     return res;
+}
+
+/* Whether a request waits for pyfuse3, waiting up to wait_ns for one.
+ * kcache.py calls this (without the GIL) where pyfuse3's loop would go back to
+ * trio to wait on the pipe: a trip through trio's lock, scheduler and epoll costs
+ * more than most handlers, and a client's next request usually follows soon. */
+int kcache_wait_queued(long spin_ns, long wait_ns)
+{
+    struct timespec until, now;
+    int found;
+
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    for (;;) {  /* a request that follows at once is taken without a wake-up */
+        if (__atomic_load_n(&queued, __ATOMIC_ACQUIRE) > 0)
+            return 1;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - until.tv_sec) * 1000000000L + (now.tv_nsec - until.tv_nsec) >= spin_ns)
+            break;
+        cpu_relax();
+    }
+    if (wait_ns <= 0)
+        return 0;
+    until.tv_sec += wait_ns / 1000000000L;
+    until.tv_nsec += wait_ns % 1000000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&lock);
+    waiters++;
+    while (queued == 0 && pthread_cond_timedwait(&arrived, &lock, &until) == 0)
+        ;
+    waiters--;
+    found = queued > 0;
+    pthread_mutex_unlock(&lock);
+    return found;
 }
 
 void fuse_session_destroy(struct fuse_session *se)

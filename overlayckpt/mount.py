@@ -104,6 +104,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
     session.kernel_dir_cache = ops.kernel_handles = kcache.active()
+    kcache.speed_up_loop(pyfuse3)
     info = read_info(store_dir)
     info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
     write_info(store_dir, info)
