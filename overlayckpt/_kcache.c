@@ -1,10 +1,10 @@
 /* The requests that need no Python, answered in C.
  *
- * Every request pyfuse3 serves costs a trip through its trio loop (~90 us on a
- * 2-core VM), and a tree walk (git status, tar, an editor's file search) is
- * mostly requests whose answer needs no state. Loaded with RTLD_GLOBAL before
- * pyfuse3 (see kcache.py), this library stands in for four libfuse functions
- * that pyfuse3 calls:
+ * Every request pyfuse3 serves costs a trip through its loop and our Python
+ * (~45 us on a 2-core VM), and a tree walk (git status, tar, an editor's file
+ * search) is mostly requests whose answer needs no state. Loaded with
+ * RTLD_GLOBAL before pyfuse3 (see kcache.py), this library stands in for four
+ * libfuse functions that pyfuse3 calls:
  *
  * - fuse_session_new: wraps seven of pyfuse3's request handlers (below).
  * - fuse_session_fd: starts a reader thread on /dev/fuse and gives pyfuse3 the
@@ -16,19 +16,23 @@
  * - fuse_session_destroy: stops and joins the thread first.
  *
  * Answered in C:
- * - opendir, and open of a file without O_TRUNC: the handle is the inode
- *   number marked with KERNEL_HANDLE; read, write and readdir go on to Python
- *   and recognise the mark (fuseops.py), which also hands out marked handles
- *   from create and truncating opens; every release of a marked handle is
- *   answered here. A write then names its process through
- *   kcache_request_pid, which the wrapped write handler sets just before
- *   pyfuse3 runs the Python one. The kernel is asked to keep file pages and directory
- *   listings across opens (FOPEN_KEEP_CACHE, FOPEN_CACHE_DIR): the daemon is
- *   the only writer of what it serves, the kernel drops what changes through
- *   the mount itself, and the daemon invalidates what it changes on its own
- *   (restore, export). Control and checkpoint-view inodes (>= cache_below)
- *   always go to Python: their handles carry state and their listings grow
- *   behind the kernel's back.
+ * - open of a file without O_TRUNC: the handle is the inode number marked
+ *   with KERNEL_HANDLE; read and write go on to Python and recognise the mark
+ *   (fuseops.py), which also hands out marked handles from create and
+ *   truncating opens; every release of a marked handle is answered here. A
+ *   write then names its process through kcache_request_pid, which the
+ *   wrapped write handler sets just before pyfuse3 runs the Python one. The
+ *   kernel is asked to keep file pages across opens (FOPEN_KEEP_CACHE): the
+ *   daemon is the only writer of what it serves, the kernel drops what changes
+ *   through the mount itself, and the daemon invalidates what it changes on
+ *   its own (restore, export). Control and checkpoint-view files (inodes >=
+ *   cache_below) always go to Python: their handles carry state.
+ * - opendir: ENOSYS, so the kernel sends no opendir or releasedir again and
+ *   keeps every directory's listing (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR),
+ *   under the same rules as file pages. The one listing that changes behind
+ *   the kernel's back, the checkpoints directory, reports a new mtime when it
+ *   does, and the kernel (auto_inval_data) drops its copy. readdirplus and
+ *   fsyncdir then get handle 0; the wrappers give Python the marked inode.
  * - getxattr("security.capability"): ENODATA. The kernel asks for it before
  *   every write to a file; file capabilities have no effect on a nosuid mount,
  *   and the daemon refuses to set them, so the answer is exact.
@@ -59,6 +63,8 @@
 typedef void (*open_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 typedef void (*getxattr_fn)(fuse_req_t, fuse_ino_t, const char *, size_t);
 typedef void (*write_fn)(fuse_req_t, fuse_ino_t, const char *, size_t, off_t, struct fuse_file_info *);
+typedef void (*readdir_fn)(fuse_req_t, fuse_ino_t, size_t, off_t, struct fuse_file_info *);
+typedef void (*fsyncdir_fn)(fuse_req_t, fuse_ino_t, int, struct fuse_file_info *);
 typedef void (*write_buf_fn)(fuse_req_t, fuse_ino_t, struct fuse_bufvec *, off_t, struct fuse_file_info *);
 
 static struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
@@ -68,10 +74,12 @@ static void (*real_process)(struct fuse_session *, const struct fuse_buf *);
 static void (*real_destroy)(struct fuse_session *);
 
 static struct fuse_lowlevel_ops ops;
-static open_fn py_open, py_release, py_opendir, py_releasedir;
+static open_fn py_open, py_release;
 static getxattr_fn py_getxattr;
 static write_buf_fn py_write_buf;
 static write_fn py_write;
+static readdir_fn py_readdirplus;
+static fsyncdir_fn py_fsyncdir;
 static uint64_t cache_below;
 int kcache_request_pid;  /* the process of the write being handled (0: page writeback) */
 static struct fuse_session *wrapped;  /* the one session whose handlers go through here */
@@ -100,7 +108,6 @@ static int open_is_fast(uint64_t ino, uint32_t flags)
     return ino < cache_below && !(flags & O_TRUNC);  /* truncating is a change: Python's */
 }
 
-static int opendir_is_fast(uint64_t ino) { return ino < cache_below; }
 
 static int release_is_fast(uint64_t fh) { return (fh & KERNEL_HANDLE) != 0; }
 
@@ -119,9 +126,8 @@ static int request_is_fast(const char *mem, size_t len)
         return arglen >= sizeof(struct fuse_open_in) &&
                open_is_fast(in->nodeid, ((const struct fuse_open_in *)arg)->flags);
     case FUSE_OPENDIR:
-        return opendir_is_fast(in->nodeid);
+        return 1;
     case FUSE_RELEASE:
-    case FUSE_RELEASEDIR:
         return arglen >= sizeof(struct fuse_release_in) &&
                release_is_fast(((const struct fuse_release_in *)arg)->fh);
     case FUSE_GETXATTR:
@@ -134,28 +140,42 @@ static int request_is_fast(const char *mem, size_t len)
 
 /* -- the handlers ----------------------------------------------------------------- */
 
-static void reply_cached_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int dir)
+static void reply_cached_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     fi->fh = KERNEL_HANDLE | ino;
     fi->keep_cache = 1;
-    fi->cache_readdir = dir;
     fuse_reply_open(req, fi);
 }
 
 static void open_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     if (open_is_fast(ino, fi->flags))
-        reply_cached_open(req, ino, fi, 0);
+        reply_cached_open(req, ino, fi);
     else
         py_open(req, ino, fi);
 }
 
 static void opendir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    if (opendir_is_fast(ino))
-        reply_cached_open(req, ino, fi, 1);
-    else
-        py_opendir(req, ino, fi);
+    (void)ino;
+    (void)fi;
+    fuse_reply_err(req, ENOSYS);
+}
+
+/* With opendir answered ENOSYS a directory's handle is 0: name it as Python expects. */
+static void readdirplus_by_inode(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                                 struct fuse_file_info *fi)
+{
+    if (fi->fh == 0)
+        fi->fh = KERNEL_HANDLE | ino;
+    py_readdirplus(req, ino, size, off, fi);
+}
+
+static void fsyncdir_by_inode(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    if (fi->fh == 0)
+        fi->fh = KERNEL_HANDLE | ino;
+    py_fsyncdir(req, ino, datasync, fi);
 }
 
 static void release_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -164,14 +184,6 @@ static void release_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
         fuse_reply_err(req, 0);
     else
         py_release(req, ino, fi);
-}
-
-static void releasedir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-    if (release_is_fast(fi->fh))
-        fuse_reply_err(req, 0);
-    else
-        py_releasedir(req, ino, fi);
 }
 
 static void getxattr_fast(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
@@ -204,23 +216,25 @@ struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_
     if (real_new == NULL && bind_libfuse() != 0)
         return NULL;  /* pyfuse3.init raises "fuse_session_new() failed" */
     if (op_size > sizeof(ops) || cache_below == 0 || wrapped != NULL || !op->open || !op->release ||
-        !op->opendir || !op->releasedir || !op->getxattr || !op->write_buf || !op->write)
+        !op->opendir || !op->releasedir || !op->getxattr || !op->write_buf || !op->write ||
+        !op->readdirplus || !op->fsyncdir)
         return real_new(args, op, op_size, userdata);  /* not ours to change: as is */
     memcpy(&ops, op, op_size);
     py_open = ops.open;
     py_release = ops.release;
-    py_opendir = ops.opendir;
-    py_releasedir = ops.releasedir;
     py_getxattr = ops.getxattr;
     py_write_buf = ops.write_buf;
     py_write = ops.write;
+    py_readdirplus = ops.readdirplus;
+    py_fsyncdir = ops.fsyncdir;
     ops.open = open_fast;
     ops.release = release_fast;
     ops.opendir = opendir_fast;
-    ops.releasedir = releasedir_fast;
     ops.getxattr = getxattr_fast;
     ops.write_buf = write_buf_with_pid;
     ops.write = write_with_pid;
+    ops.readdirplus = readdirplus_by_inode;
+    ops.fsyncdir = fsyncdir_by_inode;
     se = real_new(args, &ops, op_size, userdata);
     wrapped = se;
     return se;

@@ -74,6 +74,7 @@ class Views(Protocol):
     async def readlink(self, ino: int) -> bytes: ...
     async def read(self, ino: int, off: int, size: int) -> bytes: ...
     def root_attr(self, cid: int) -> pyfuse3.EntryAttributes: ...
+    def listing_mtime_ns(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -100,7 +101,9 @@ class ControlFs:
         if ino == DIR_INO:
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT, attr_timeout=KEPT)
         if ino == CKPTS_INO:
-            return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT)
+            # the kernel keeps this listing (see _kcache.c) until the mtime changes
+            mtime_ns = self.views.listing_mtime_ns() if self.views is not None else 0
+            return VirtualAttr(ino, stat.S_IFDIR | 0o755, mtime_ns=mtime_ns, entry_timeout=KEPT)
         if ino == CTL_INO:
             return VirtualAttr(ino, stat.S_IFREG | 0o600, entry_timeout=KEPT, attr_timeout=KEPT)
         if ino == STATUS_INO:

@@ -157,6 +157,18 @@ class Lower:
         ppin = self._pin(parent)
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
+        if ppin is None and parent not in self._listings:
+            # the first name looked up in a directory: stat all its entries in one pass.
+            # A tree walk (git status) looks up the siblings next, and on a cold cache
+            # one pass over the directory reads its inodes in order instead of one by one.
+            try:
+                for child, child_st in self.listdir(parent):
+                    self._remember(self._stats, join(parent, child), child_st)
+            except (FsError, OSError):
+                pass  # the stat below gives the error
+            cached = self._stats.get(path)
+            if cached is not None:
+                return cached
         try:
             st = os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
         except OSError as e:

@@ -123,6 +123,21 @@ class CheckpointViews:
             return self._name_attrs(real.removeprefix("name:"), cid)
         return self._with_state(cid, lambda st: self._attrs(cid, real, st))
 
+    def listing_mtime_ns(self) -> int:
+        """The checkpoints directory's mtime, new whenever its listing is.
+
+        Checkpoints are only added (with the next id, names only with them) or
+        thinned away, so (count, newest id) changes at every change of the listing.
+        It goes in the nanoseconds of the newest checkpoint's second.
+        """
+        def fn(r: ReadTxn) -> int:
+            newest = next(self.tl.newest_first(r), None)
+            if newest is None:
+                return 0
+            spread = (r.count(b"ckpts") * 1000 + newest.id % 1000) % 1_000_000_000
+            return newest.time_ns - newest.time_ns % 1_000_000_000 + spread
+        return self.s.store.read(fn)
+
     async def listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
         if ino == CKPTS_INO:
             def fn(r: ReadTxn) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:

@@ -214,6 +214,25 @@ def test_unmounted_session_commands_and_resume(repo: Path, mount_factory) -> Non
     assert os.stat(m.mnt / "README.md").st_ino == ino
 
 
+def test_checkpoints_listing_follows_new_and_thinned_checkpoints(repo: Path, mount_factory) -> None:
+    # the kernel keeps directory listings; this one must be dropped when it changes
+    m = mount_factory(repo, "--window", "0")
+    views = m.mnt / ".overlayckpt" / "checkpoints"
+
+    def ids_logged() -> set[str]:
+        log = m.ctl_ok({"cmd": "log"})["checkpoints"]
+        return {str(c["id"]) for c in log} | {c["name"] for c in log if c["name"]}
+    assert set(os.listdir(views)) == ids_logged()
+    for i in range(4):
+        (m.mnt / "docs" / "guide.txt").write_text(f"version {i}\n")
+        assert set(os.listdir(views)) == ids_logged()  # no stat in between
+    m.cli("checkpoint", "named")
+    assert "named" in os.listdir(views)
+    before = set(os.listdir(views))
+    assert m.ctl_ok({"cmd": "gc", "budget": 0})["thinned"] > 0
+    assert set(os.listdir(views)) == ids_logged() != before
+
+
 def test_retention_thins_old_auto_checkpoints_and_keeps_the_rest_exact(repo: Path, mount_factory) -> None:
     m = mount_factory(repo, "--window", "0")
     recorded: dict[int, dict] = {}
