@@ -256,6 +256,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct item *head, *tail;  /* the last item is kept queued once it is the end */
 static int queued;  /* items in the queue; read without the lock for a first look */
 static int waiters;  /* threads in kcache_wait_queued */
+static int trio_has_work;  /* set by kcache_wake_trio, taken by kcache_wait_queued */
 static pthread_cond_t arrived;  /* signalled on push when someone waits (CLOCK_MONOTONIC) */
 
 static void push(int res, const char *mem)
@@ -425,12 +426,23 @@ int kcache_wait_queued(long spin_ns, long wait_ns)
     }
     pthread_mutex_lock(&lock);
     waiters++;
-    while (queued == 0 && pthread_cond_timedwait(&arrived, &lock, &until) == 0)
+    while (queued == 0 && !trio_has_work && pthread_cond_timedwait(&arrived, &lock, &until) == 0)
         ;
     waiters--;
     found = queued > 0;
+    trio_has_work = 0;
     pthread_mutex_unlock(&lock);
     return found;
+}
+
+/* A thread trio waits on is done: stop waiting here, so trio sees it at once. */
+void kcache_wake_trio(void)
+{
+    pthread_mutex_lock(&lock);
+    trio_has_work = 1;
+    if (waiters)
+        pthread_cond_signal(&arrived);
+    pthread_mutex_unlock(&lock);
 }
 
 void fuse_session_destroy(struct fuse_session *se)

@@ -11,18 +11,24 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.machinery
+import inspect
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+import trio
 
 from .records import CONTROL_INO_BASE
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long pyfuse3's loop waits for the next request in C before it waits in trio.
 SPIN_NS = 30_000
-WAIT_NS = 20_000_000
+# While the loop waits in C trio cannot run: its timers and signals wait at most this.
+# (Threads a handler waits on end the wait themselves: run_in_thread.)
+WAIT_NS = 2_000_000
 YIELD_EVERY = 64
 
 _lib: ctypes.CDLL | None = None
@@ -65,34 +71,60 @@ def preload() -> None:
 
 
 def speed_up_loop(pyfuse3: Any) -> None:
-    """Have pyfuse3's loop take a queued request without a trip through trio.
+    """Have pyfuse3's loop wait for the next request in C rather than in trio.
 
-    pyfuse3 waits for each request in trio (a lock, epoll, a reschedule): that
+    pyfuse3 waits for each request in trio (a lock, epoll, a reschedule), which
     costs more than most of our handlers. Its loop looks the waiting function up
-    by name at every request, so we put one in front that takes a request already
-    queued, or one arriving within SPIN_NS (clients send their next request right
-    after our reply), and lets trio wait otherwise, and at least every
-    YIELD_EVERY requests so that timers, signals and threads still get their turn.
+    by name at every request, so we put one in front that waits in C, without
+    the GIL: it spins SPIN_NS for a request (a client's next one usually follows
+    our reply at once), then sleeps on a condition variable up to WAIT_NS. After
+    that, and at least every YIELD_EVERY requests, it waits in trio as before, so
+    that timers, signals and threads still get their turn.
     """
     trio_wait = getattr(pyfuse3, "_wait_fuse_readable", None)
-    if _lib is None or trio_wait is None or not active():
+    # a private function of pyfuse3 3.x's loop (3.0 to 3.5 at least): leave any other alone
+    if _lib is None or not active() or not inspect.iscoroutinefunction(trio_wait) \
+            or not pyfuse3.__version__.startswith("3."):
+        log.info("pyfuse3's loop left as it is")
         return
     wait_queued = _lib.kcache_wait_queued
     wait_queued.argtypes = [ctypes.c_long, ctypes.c_long]
     wait_queued.restype = ctypes.c_int
-    wait_ns = int(os.environ.get("OVERLAYCKPT_WAIT_NS", WAIT_NS))
-    spin_ns = int(os.environ.get("OVERLAYCKPT_SPIN_NS", SPIN_NS))
     streak = 0
+    # One task at a time waits in C (pyfuse3 runs several, and a task spawned or woken
+    # while another waited there would wait again, holding trio up once more); after a
+    # wait that found nothing, all wait in trio until a request comes that way.
+    waiter: Any = None
+    idle = False
 
     async def wait_fuse_readable() -> bool:
-        nonlocal streak
-        if streak < YIELD_EVERY and wait_queued(spin_ns, wait_ns):
-            streak += 1
-            return True
+        nonlocal streak, waiter, idle
+        me = trio.lowlevel.current_task()
+        if waiter in (None, me) and not idle and streak < YIELD_EVERY:
+            waiter = me
+            if wait_queued(SPIN_NS, WAIT_NS):
+                streak += 1
+                return True
+            idle = True
+        if waiter is me:
+            waiter = None
         streak = 0
-        return await trio_wait()
+        readable = await trio_wait()
+        idle = False
+        return readable
 
     pyfuse3._wait_fuse_readable = wait_fuse_readable
+
+
+async def run_in_thread(fn: Callable[[], T]) -> T:
+    """trio.to_thread.run_sync that wakes pyfuse3's loop from its wait in C when done."""
+    def call() -> T:
+        try:
+            return fn()
+        finally:
+            if _lib is not None:
+                _lib.kcache_wake_trio()
+    return await trio.to_thread.run_sync(call)
 
 
 def active() -> bool:
