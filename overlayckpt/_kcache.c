@@ -6,13 +6,13 @@
  * RTLD_GLOBAL before pyfuse3 (see kcache.py), this library stands in for four
  * libfuse functions that pyfuse3 calls:
  *
- * - fuse_session_new: wraps seven of pyfuse3's request handlers (below).
+ * - fuse_session_new: wraps eight of pyfuse3's request handlers (below).
  * - fuse_session_fd: starts a reader thread on /dev/fuse and gives pyfuse3 the
  *   read end of a pipe instead. The thread answers the requests below at once
  *   and queues every other one, in order, for pyfuse3's loop.
  * - fuse_session_receive_buf: pyfuse3 takes the next queued request.
- *   kcache_wait_queued lets kcache.py have pyfuse3's loop wait for it here,
- *   without the GIL, instead of in trio.
+ *   kcache_wait_queued lets kcache.py have pyfuse3's loop watch for it here,
+ *   without the GIL, before it waits in trio.
  * - fuse_session_destroy: stops and joins the thread first.
  *
  * Answered in C:
@@ -27,9 +27,9 @@
  *   through the mount itself, and the daemon invalidates what it changes on
  *   its own (restore, export). Control and checkpoint-view files (inodes >=
  *   cache_below) always go to Python: their handles carry state.
- * - opendir: ENOSYS, so the kernel sends no opendir or releasedir again and
- *   keeps every directory's listing (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR),
- *   under the same rules as file pages. The one listing that changes behind
+ * - opendir: ENOSYS, so the kernel (5.1 and later) sends no opendir or
+ *   releasedir again and keeps every directory's listing (FOPEN_KEEP_CACHE |
+ *   FOPEN_CACHE_DIR), under the same rules as file pages. The one listing that changes behind
  *   the kernel's back, the checkpoints directory, reports a new mtime when it
  *   does, and the kernel (auto_inval_data) drops its copy. readdirplus and
  *   fsyncdir then get handle 0; the wrappers give Python the marked inode.
@@ -107,7 +107,6 @@ static int open_is_fast(uint64_t ino, uint32_t flags)
 {
     return ino < cache_below && !(flags & O_TRUNC);  /* truncating is a change: Python's */
 }
-
 
 static int release_is_fast(uint64_t fh) { return (fh & KERNEL_HANDLE) != 0; }
 
@@ -216,8 +215,8 @@ struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_
     if (real_new == NULL && bind_libfuse() != 0)
         return NULL;  /* pyfuse3.init raises "fuse_session_new() failed" */
     if (op_size > sizeof(ops) || cache_below == 0 || wrapped != NULL || !op->open || !op->release ||
-        !op->opendir || !op->releasedir || !op->getxattr || !op->write_buf || !op->write ||
-        !op->readdirplus || !op->fsyncdir)
+        !op->opendir || !op->getxattr || !op->write_buf || !op->write || !op->readdirplus ||
+        !op->fsyncdir)
         return real_new(args, op, op_size, userdata);  /* not ours to change: as is */
     memcpy(&ops, op, op_size);
     py_open = ops.open;
@@ -254,10 +253,7 @@ static volatile sig_atomic_t stopping;
 static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct item *head, *tail;  /* the last item is kept queued once it is the end */
-static int queued;  /* items in the queue; read without the lock for a first look */
-static int waiters;  /* threads in kcache_wait_queued */
-static int trio_has_work;  /* set by kcache_wake_trio, taken by kcache_wait_queued */
-static pthread_cond_t arrived;  /* signalled on push when someone waits (CLOCK_MONOTONIC) */
+static int queued;  /* items in the queue, watched without the lock by kcache_wait_queued */
 
 static void push(int res, const char *mem)
 {
@@ -277,24 +273,9 @@ static void push(int res, const char *mem)
         head = it;
     tail = it;
     __atomic_add_fetch(&queued, 1, __ATOMIC_RELEASE);
-    if (waiters)
-        pthread_cond_signal(&arrived);
     pthread_mutex_unlock(&lock);
     while (write(wake[1], &one, 1) < 0 && errno == EINTR && !stopping)
         ;
-}
-
-static void init_arrived(void)
-{
-    static int done;
-    pthread_condattr_t attr;
-
-    if (done++)
-        return;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&arrived, &attr);
-    pthread_condattr_destroy(&attr);
 }
 
 static void on_stop_signal(int sig) { (void)sig; }
@@ -344,7 +325,6 @@ int fuse_session_fd(struct fuse_session *se)
        thread if ever 64 KiB of requests wait, so no wake-up is ever lost */
     if (pipe2(wake, O_CLOEXEC) != 0)
         return real_fd(se);
-    init_arrived();
     fcntl(wake[0], F_SETFL, O_NONBLOCK);
     /* the reader blocks in read(); SIGURG (ignored by default, unused by Python)
        without SA_RESTART interrupts it when the session is destroyed */
@@ -398,51 +378,25 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
     return res;
 }
 
-/* Whether a request waits for pyfuse3, waiting up to wait_ns for one.
+/* Whether a request waits for pyfuse3, watching the queue for up to spin_ns.
  * kcache.py calls this (without the GIL) where pyfuse3's loop would go back to
  * trio to wait on the pipe: a trip through trio's lock, scheduler and epoll costs
- * more than most handlers, and a client's next request usually follows soon. */
-int kcache_wait_queued(long spin_ns, long wait_ns)
+ * more than most handlers, and a client's next request often follows our reply
+ * within microseconds. (Sleeping here on a condition variable instead was no
+ * faster, and held trio up: restores, which wait on threads, stalled.) */
+int kcache_wait_queued(long spin_ns)
 {
-    struct timespec until, now;
-    int found;
+    struct timespec start, now;
 
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    for (;;) {  /* a request that follows at once is taken without a wake-up */
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
         if (__atomic_load_n(&queued, __ATOMIC_ACQUIRE) > 0)
             return 1;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((now.tv_sec - until.tv_sec) * 1000000000L + (now.tv_nsec - until.tv_nsec) >= spin_ns)
-            break;
+        if ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) >= spin_ns)
+            return 0;
         cpu_relax();
     }
-    if (wait_ns <= 0)
-        return 0;
-    until.tv_sec += wait_ns / 1000000000L;
-    until.tv_nsec += wait_ns % 1000000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&lock);
-    waiters++;
-    while (queued == 0 && !trio_has_work && pthread_cond_timedwait(&arrived, &lock, &until) == 0)
-        ;
-    waiters--;
-    found = queued > 0;
-    trio_has_work = 0;
-    pthread_mutex_unlock(&lock);
-    return found;
-}
-
-/* A thread trio waits on is done: stop waiting here, so trio sees it at once. */
-void kcache_wake_trio(void)
-{
-    pthread_mutex_lock(&lock);
-    trio_has_work = 1;
-    if (waiters)
-        pthread_cond_signal(&arrived);
-    pthread_mutex_unlock(&lock);
 }
 
 void fuse_session_destroy(struct fuse_session *se)

@@ -77,7 +77,6 @@ import msgpack
 import trio
 import zstandard
 
-from . import kcache
 from .apply import seen_fingerprint
 from .errors import FsError, UserError
 from .lower import lstat_beneath, openat2_beneath
@@ -743,7 +742,7 @@ async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if mnt and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
         raise UserError(f"{path} is inside the mount {mnt}: write the bundle outside it")
     info = {"repo": s.repo, "window": s.overlay.window, "session": session_name(s.store.path)}
-    return await kcache.run_in_thread(lambda: write_bundle(s.store, path, info, s.lower.fd))
+    return await trio.to_thread.run_sync(write_bundle, s.store, path, info, s.lower.fd)
 
 
 class _Bundle:

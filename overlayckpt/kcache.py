@@ -15,20 +15,16 @@ import inspect
 import logging
 import os
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import trio
 
 from .records import CONTROL_INO_BASE
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-# How long pyfuse3's loop waits for the next request in C before it waits in trio.
+# How long pyfuse3's loop watches for the next request in C before it waits in trio.
 SPIN_NS = 30_000
-# While the loop waits in C trio cannot run: its timers and signals wait at most this.
-# (Threads a handler waits on end the wait themselves: run_in_thread.)
-WAIT_NS = 2_000_000
 YIELD_EVERY = 64
 
 _lib: ctypes.CDLL | None = None
@@ -71,15 +67,14 @@ def preload() -> None:
 
 
 def speed_up_loop(pyfuse3: Any) -> None:
-    """Have pyfuse3's loop wait for the next request in C rather than in trio.
+    """Have pyfuse3's loop take the next request without a trip through trio.
 
     pyfuse3 waits for each request in trio (a lock, epoll, a reschedule), which
     costs more than most of our handlers. Its loop looks the waiting function up
-    by name at every request, so we put one in front that waits in C, without
-    the GIL: it spins SPIN_NS for a request (a client's next one usually follows
-    our reply at once), then sleeps on a condition variable up to WAIT_NS. After
-    that, and at least every YIELD_EVERY requests, it waits in trio as before, so
-    that timers, signals and threads still get their turn.
+    by name at every request, so we put one in front that first watches the queue
+    in C, without the GIL, for SPIN_NS (a client's next request often follows our
+    reply at once), and otherwise waits in trio as before; so does every
+    YIELD_EVERY-th request, so that timers, signals and threads get their turn.
     """
     trio_wait = getattr(pyfuse3, "_wait_fuse_readable", None)
     # a private function of pyfuse3 3.x's loop (3.0 to 3.5 at least): leave any other alone
@@ -88,12 +83,12 @@ def speed_up_loop(pyfuse3: Any) -> None:
         log.info("pyfuse3's loop left as it is")
         return
     wait_queued = _lib.kcache_wait_queued
-    wait_queued.argtypes = [ctypes.c_long, ctypes.c_long]
+    wait_queued.argtypes = [ctypes.c_long]
     wait_queued.restype = ctypes.c_int
     streak = 0
-    # One task at a time waits in C (pyfuse3 runs several, and a task spawned or woken
-    # while another waited there would wait again, holding trio up once more); after a
-    # wait that found nothing, all wait in trio until a request comes that way.
+    # One task at a time watches in C (pyfuse3 runs several, and a task spawned or
+    # woken while another watched would hold trio up once more); after a watch that
+    # found nothing, all wait in trio until a request comes that way.
     waiter: Any = None
     idle = False
 
@@ -102,7 +97,7 @@ def speed_up_loop(pyfuse3: Any) -> None:
         me = trio.lowlevel.current_task()
         if waiter in (None, me) and not idle and streak < YIELD_EVERY:
             waiter = me
-            if wait_queued(SPIN_NS, WAIT_NS):
+            if wait_queued(SPIN_NS):
                 streak += 1
                 return True
             idle = True
@@ -114,17 +109,6 @@ def speed_up_loop(pyfuse3: Any) -> None:
         return readable
 
     pyfuse3._wait_fuse_readable = wait_fuse_readable
-
-
-async def run_in_thread(fn: Callable[[], T]) -> T:
-    """trio.to_thread.run_sync that wakes pyfuse3's loop from its wait in C when done."""
-    def call() -> T:
-        try:
-            return fn()
-        finally:
-            if _lib is not None:
-                _lib.kcache_wake_trio()
-    return await trio.to_thread.run_sync(call)
 
 
 def active() -> bool:

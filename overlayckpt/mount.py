@@ -60,18 +60,18 @@ class Daemon:
                     pyfuse3.invalidate_inode(ino)
                 except OSError:
                     pass
-        await kcache.run_in_thread(run)
+        await trio.to_thread.run_sync(run)
 
     async def flush_kernel(self) -> None:
         """Have the kernel send us every dirty page before a restore."""
-        await kcache.run_in_thread(lambda: pyfuse3.syncfs(self.mountpoint))
+        await trio.to_thread.run_sync(pyfuse3.syncfs, self.mountpoint)
 
     async def _sync_loop(self) -> None:
         ticks = 0
         while True:
             await trio.sleep(SYNC_INTERVAL)
             # in a thread: an fsync of many dirty pages must not stall requests
-            await kcache.run_in_thread(self.session.store.sync)
+            await trio.to_thread.run_sync(self.session.store.sync)
             ticks += 1
             if ticks % RETENTION_EVERY == 0:
                 thin(self.session.store, DEFAULT_BUDGET)
