@@ -405,10 +405,10 @@ class Overlayckpt(Contender):
         self.repo_copy = self.workdir / "repo"
         exe = Path(sys.executable).parent / "overlayckpt"
         self.exe = str(exe) if exe.exists() else (shutil.which("overlayckpt") or "")
+        self._conn = None
         try:
             from overlayckpt.client import Connection  # the CLI's own control-channel client
             self._send = Connection
-            self._conn = None
         except Exception as e:  # noqa: BLE001 - any import failure means: use the CLI
             self._send = None
             self.notes.append(f"control client not importable ({type(e).__name__}); checkpoints via CLI")
@@ -449,7 +449,7 @@ class Overlayckpt(Contender):
         self._mount()
 
     def teardown(self) -> None:
-        if getattr(self, "_conn", None) is not None:
+        if self._conn is not None:
             self._conn.close()
             self._conn = None
         if is_mounted(self.root):

@@ -252,8 +252,9 @@ static int reader_started;
 static volatile sig_atomic_t stopping;
 static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct item *head, *tail;  /* the last item is kept queued once it is the end */
-static int queued;  /* items in the queue, watched without the lock by kcache_wait_queued */
+/* the last item is kept queued once it is the end; kcache_wait_queued watches head
+   without the lock, so it is stored atomically */
+static struct item *head, *tail;
 
 static void push(int res, const char *mem)
 {
@@ -270,9 +271,8 @@ static void push(int res, const char *mem)
     if (tail)
         tail->next = it;
     else
-        head = it;
+        __atomic_store_n(&head, it, __ATOMIC_RELEASE);
     tail = it;
-    __atomic_add_fetch(&queued, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&lock);
     while (write(wake[1], &one, 1) < 0 && errno == EINTR && !stopping)
         ;
@@ -358,10 +358,9 @@ int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
         return res;
     }
     if (it != NULL) {
-        head = it->next;
+        __atomic_store_n(&head, it->next, __ATOMIC_RELEASE);
         if (head == NULL)
             tail = NULL;
-        __atomic_sub_fetch(&queued, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&lock);
     if (it == NULL)
@@ -390,7 +389,7 @@ int kcache_wait_queued(long spin_ns)
 
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
-        if (__atomic_load_n(&queued, __ATOMIC_ACQUIRE) > 0)
+        if (__atomic_load_n(&head, __ATOMIC_ACQUIRE) != NULL)
             return 1;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) >= spin_ns)

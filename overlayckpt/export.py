@@ -651,7 +651,22 @@ def entry_identity(dirfd: int, path: bytes, content: bool = True
     return st, [kind, size, h.digest()]
 
 
-def lower_files(r: ReadTxn, lower_fd: int, lower: list[list[Any]]) -> list[list[Any]]:
+Identity = Callable[[bytes], "tuple[os.stat_result, list[Any]] | None"]
+
+
+def identities(dirfd: int) -> Identity:
+    """entry_identity of paths below dirfd, each looked up (and its file hashed) once:
+    a file the session both refers to and has `seen` is asked for twice."""
+    memo: dict[bytes, tuple[os.stat_result, list[Any]] | None] = {}
+
+    def identity(path: bytes) -> tuple[os.stat_result, list[Any]] | None:
+        if path not in memo:
+            memo[path] = entry_identity(dirfd, path)
+        return memo[path]
+    return identity
+
+
+def lower_files(r: ReadTxn, identity: Identity, lower: list[list[Any]]) -> list[list[Any]]:
     """What import checks another checkout against: [ino, path, type, size, digest] of every
     lower entry the session refers to, read through the lower fd (never through our own
     mount); type None for pinned paths, which the store keeps (with the pin's inode)."""
@@ -664,17 +679,17 @@ def lower_files(r: ReadTxn, lower_fd: int, lower: list[list[Any]]) -> list[list[
         if path in pinned:
             out.setdefault(ino, [path, None, None, None])
         elif ino not in out:
-            found = entry_identity(lower_fd, path)
+            found = identity(path)
             out[ino] = [path, *found[1]] if found is not None else [path, 0, 0, None]
     return [[ino, *rest] for ino, rest in sorted(out.items())]
 
 
-def seen_files(r: ReadTxn, lower_fd: int) -> list[list[Any]]:
+def seen_files(r: ReadTxn, identity: Identity) -> list[list[Any]]:
     """[path, size, digest] of the files the repo still holds as `seen` (apply's conflict
     check) recorded them: import gives a checkout holding the same content their fingerprint."""
     out = []
     for k, v in r.range_from(b"seen"):
-        found = entry_identity(lower_fd, k[1:])
+        found = identity(k[1:])
         if (found is not None and stat.S_ISREG(found[0].st_mode)
                 and unpack_obj(v) == seen_fingerprint(found[0])):
             out.append([k[1:], found[1][1], found[1][2]])
@@ -688,11 +703,12 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
 
     def fn(r: ReadTxn) -> dict[str, Any]:
         lower, pinned = lower_identity(r)
+        identity = identities(lower_fd)
         header = {"bundle": BUNDLE_MAGIC, "version": BUNDLE_VERSION, "format": r.meta_int(b"format"),
                   "block_size": store.block_size, "tables": [t.decode() for t in TABLES],
                   "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned,
-                  "lower_files": lower_files(r, lower_fd, lower),
-                  "seen_files": seen_files(r, lower_fd), **info}
+                  "lower_files": lower_files(r, identity, lower),
+                  "seen_files": seen_files(r, identity), **info}
         packer = msgpack.Packer()
         with open(tmp, "wb") as f:
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:
@@ -844,8 +860,9 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | 
                and lower_ino(found[0].st_ino) == ino for ino, path, kind, *_ in files if kind is not None):
             return None
         inos: dict[int, int] = {}
+        identity = identities(dirfd)
         for ino, path, kind, size, digest in files:
-            found = entry_identity(dirfd, path, content=kind is not None)
+            found = identity(path) if kind is not None else entry_identity(dirfd, path, content=False)
             if kind is None:  # pinned: the store keeps the original, any content will do
                 inos[ino] = lower_ino(found[0].st_ino) if found is not None else ino
                 continue
@@ -859,7 +876,7 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | 
             inos[ino] = lower_ino(found[0].st_ino)
         seen: dict[bytes, list[int]] = {}
         for path, size, digest in header.get("seen_files", []):
-            found = entry_identity(dirfd, path)
+            found = identity(path)
             if found is not None and found[1] == [stat.S_IFREG, size, digest]:
                 seen[path] = seen_fingerprint(found[0])
     finally:

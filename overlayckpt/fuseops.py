@@ -344,7 +344,8 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         # a listing is found by its offset (readdir), so a directory handle needs no
-        # state: the inode, marked, as _kcache.c hands out for repo directories
+        # state: the inode, marked. (With _kcache.c no opendir comes here at all, and
+        # its readdirplus wrapper passes the same marked inode.)
         return KERNEL_HANDLE | inode
 
     def _listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:

@@ -17,7 +17,6 @@ import os
 import sys
 from typing import Any
 
-import trio
 
 from .records import CONTROL_INO_BASE
 
@@ -86,23 +85,17 @@ def speed_up_loop(pyfuse3: Any) -> None:
     wait_queued.argtypes = [ctypes.c_long]
     wait_queued.restype = ctypes.c_int
     streak = 0
-    # One task at a time watches in C (pyfuse3 runs several, and a task spawned or
-    # woken while another watched would hold trio up once more); after a watch that
-    # found nothing, all wait in trio until a request comes that way.
-    waiter: Any = None
+    # after a watch that found nothing, every task (pyfuse3 runs several) waits in
+    # trio until a request comes that way, so that no other one holds trio up again
     idle = False
 
     async def wait_fuse_readable() -> bool:
-        nonlocal streak, waiter, idle
-        me = trio.lowlevel.current_task()
-        if waiter in (None, me) and not idle and streak < YIELD_EVERY:
-            waiter = me
+        nonlocal streak, idle
+        if not idle and streak < YIELD_EVERY:
             if wait_queued(SPIN_NS):
                 streak += 1
                 return True
             idle = True
-        if waiter is me:
-            waiter = None
         streak = 0
         readable = await trio_wait()
         idle = False

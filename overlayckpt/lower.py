@@ -158,12 +158,11 @@ class Lower:
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
         if ppin is None and parent not in self._listings:
-            # the first name looked up in a directory: stat all its entries in one pass.
-            # A tree walk (git status) looks up the siblings next, and on a cold cache
-            # one pass over the directory reads its inodes in order instead of one by one.
+            # the first name looked up in a directory: list it, which stats all its
+            # entries in one pass. A tree walk (git status) looks up the siblings next,
+            # and on a cold cache one pass reads the inodes in order, not one by one.
             try:
-                for child, child_st in self.listdir(parent):
-                    self._remember(self._stats, join(parent, child), child_st)
+                self.listdir(parent)
             except (FsError, OSError):
                 pass  # the stat below gives the error
             cached = self._stats.get(path)
@@ -207,10 +206,15 @@ class Lower:
                     name = os.fsencode(entry.name)
                     child = join(path, name)
                     pin = self._pin(child)
+                    if pin is not None:
+                        out.append((name, pin.st))
+                        continue
                     try:
-                        out.append((name, pin.st if pin else entry.stat(follow_symlinks=False)))
+                        st = entry.stat(follow_symlinks=False)
                     except OSError:
-                        pass  # vanished behind our back
+                        continue  # vanished behind our back
+                    out.append((name, st))
+                    self._remember(self._stats, child, st)  # what stat(child) would answer
             return out
         finally:
             os.close(fd)
