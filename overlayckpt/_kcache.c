@@ -36,6 +36,19 @@
  * - getxattr("security.capability"): ENODATA. The kernel asks for it before
  *   every write to a file; file capabilities have no effect on a nosuid mount,
  *   and the daemon refuses to set them, so the answer is exact.
+ *
+ * Acknowledged in C, served by Python (write-behind, once kcache.py turns it on):
+ * - write through a marked handle: the reader thread answers "written" at once
+ *   and queues the request for Python, which stores it in order, before any
+ *   later request, as it would have; the writer need not wait for it. That is
+ *   what a native file system does with a write before fsync, and fsync (which
+ *   comes through the queue after the writes) still answers only once they
+ *   are stored, with the error of any that failed (fuseops.py). The reader
+ *   marks the handle with ACKNOWLEDGED; the wrapped write handlers take the mark
+ *   off, tell Python (kcache_request_behind) and remember the request, whose
+ *   reply fuse_reply_write/fuse_reply_err then drop. At most max_behind bytes
+ *   wait at a time, and none while the store's file system has less than
+ *   min_free bytes free: a full disk must be reported to the writer itself.
  */
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 34
@@ -49,10 +62,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuseops.KERNEL_HANDLE */
+#define ACKNOWLEDGED (1ULL << 62)   /* on a queued write's handle: answered already */
+#define MAX_BEHIND_REQUESTS 256     /* pyfuse3 serves at most max_tasks (16) at once */
 #define CAPABILITY "security.capability"
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -72,6 +90,8 @@ static int (*real_fd)(struct fuse_session *);
 static int (*real_receive)(struct fuse_session *, struct fuse_buf *);
 static void (*real_process)(struct fuse_session *, const struct fuse_buf *);
 static void (*real_destroy)(struct fuse_session *);
+static int (*real_reply_write)(fuse_req_t, size_t);
+static int (*real_reply_err)(fuse_req_t, int);
 
 static struct fuse_lowlevel_ops ops;
 static open_fn py_open, py_release;
@@ -83,6 +103,8 @@ static fsyncdir_fn py_fsyncdir;
 static uint64_t cache_below;
 int kcache_request_pid;  /* the process of the write being handled (0: page writeback) */
 static struct fuse_session *wrapped;  /* the one session whose handlers go through here */
+static pthread_t reader;  /* reads /dev/fuse, answers what it can, queues the rest */
+static int reader_started;
 
 void kcache_configure(uint64_t below) { cache_below = below; }
 
@@ -98,7 +120,10 @@ static int bind_libfuse(void)
     real_receive = dlsym(lib, "fuse_session_receive_buf");
     real_process = dlsym(lib, "fuse_session_process_buf");
     real_destroy = dlsym(lib, "fuse_session_destroy");
-    return real_new && real_fd && real_receive && real_process && real_destroy ? 0 : -1;
+    real_reply_write = dlsym(lib, "fuse_reply_write");
+    real_reply_err = dlsym(lib, "fuse_reply_err");
+    return real_new && real_fd && real_receive && real_process && real_destroy &&
+           real_reply_write && real_reply_err ? 0 : -1;
 }
 
 /* -- which requests C answers (the reader and the handlers must agree) -------- */
@@ -137,6 +162,180 @@ static int request_is_fast(const char *mem, size_t len)
     }
 }
 
+/* -- write-behind ------------------------------------------------------------------ */
+
+/* A record of the write-behind log (behind.py reads the same layout): the header,
+ * then the data padded to 8 bytes. seq is stored last; a header whose size is
+ * WRAPPED says the record is at offset 0, as does a tail too short for a header. */
+struct record {
+    uint64_t seq;
+    uint64_t ino;
+    uint64_t off;
+    uint32_t size;
+    uint32_t pid;
+};
+#define WRAPPED UINT32_MAX
+#define PAD8(n) (((n) + 7) & ~(uint64_t)7)
+
+static int store_fd = -1;  /* a directory on the store's file system, for its free space */
+static char *ring;         /* the log, mapped shared: it outlives a killed daemon */
+static uint64_t ring_size, ring_head, ring_seq;  /* reader: where and which the next record is */
+static uint64_t taken;     /* pyfuse3's thread: where the next marked write's record is */
+static uint64_t max_behind, min_free;
+static uint64_t behind_bytes;  /* log bytes acknowledged and not yet stored (atomic) */
+static struct behind { fuse_req_t req; uint64_t bytes; } behind[MAX_BEHIND_REQUESTS];
+static int behind_count;  /* used only by pyfuse3's thread */
+
+/* Map the log and start at record seq at offset head (what Python stored last
+ * said comes next); max_bytes 0 turns write-behind off again. */
+int kcache_write_behind(int dir_fd, int log_fd, uint64_t size, uint64_t seq, uint64_t head,
+                        uint64_t max_bytes, uint64_t free_bytes)
+{
+    if (max_bytes == 0) {
+        __atomic_store_n(&max_behind, 0, __ATOMIC_RELEASE);
+        return 0;
+    }
+    if (ring == NULL) {
+        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, log_fd, 0);
+
+        if (map == MAP_FAILED)
+            return -errno;
+        ring = map;
+        ring_size = size;
+        ring_seq = seq;
+        ring_head = taken = head;
+    }
+    store_fd = dir_fd;
+    min_free = free_bytes;
+    __atomic_store_n(&max_behind, max_bytes, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int space_left(void)
+{
+    struct statvfs st;
+
+    return fstatvfs(store_fd, &st) == 0 && (uint64_t)st.f_bavail * st.f_frsize >= min_free;
+}
+
+static uint64_t record_at(uint64_t pos, uint64_t need)
+{
+    return pos + need > ring_size ? 0 : pos;
+}
+
+/* In the reader thread: log a write and answer it now if it may wait, and mark
+ * it answered. The budget keeps every unstored record from being overwritten:
+ * the log is more than twice max_behind plus the largest record. */
+static void acknowledge_write(struct fuse_session *se, char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    struct fuse_write_in *arg = (void *)(mem + sizeof(*in));
+    uint64_t limit = __atomic_load_n(&max_behind, __ATOMIC_ACQUIRE);
+    uint64_t need, pos;
+    struct record *rec, *wrap = NULL;
+    struct fuse_out_header out;
+    struct fuse_write_out written;
+    struct iovec iov[2];
+
+    if (limit == 0 || in->opcode != FUSE_WRITE || len < sizeof(*in) + sizeof(*arg) ||
+        len - sizeof(*in) - sizeof(*arg) < arg->size || arg->size > limit / 4 ||
+        !(arg->fh & KERNEL_HANDLE) || (arg->fh & ~KERNEL_HANDLE) >= cache_below ||
+        (arg->write_flags & FUSE_WRITE_CACHE))
+        return;  /* page writeback (FUSE_WRITE_CACHE) waits for no one: nothing to gain */
+    need = sizeof(*rec) + PAD8(arg->size);
+    if (__atomic_load_n(&behind_bytes, __ATOMIC_ACQUIRE) + need > limit || !space_left())
+        return;
+    pos = record_at(ring_head, need);
+    if (pos != ring_head && ring_head + sizeof(*rec) <= ring_size) {
+        wrap = (struct record *)(ring + ring_head);
+        wrap->size = WRAPPED;
+        __atomic_store_n(&wrap->seq, ring_seq, __ATOMIC_RELEASE);
+    }
+    rec = (struct record *)(ring + pos);
+    rec->ino = arg->fh & ~KERNEL_HANDLE;
+    rec->off = arg->offset;
+    rec->size = arg->size;
+    rec->pid = in->pid;
+    memcpy(rec + 1, mem + sizeof(*in) + sizeof(*arg), arg->size);
+    __atomic_store_n(&rec->seq, ring_seq, __ATOMIC_RELEASE);
+
+    out.len = sizeof(out) + sizeof(written);
+    out.error = 0;
+    out.unique = in->unique;
+    memset(&written, 0, sizeof(written));
+    written.size = arg->size;
+    iov[0].iov_base = &out;
+    iov[0].iov_len = sizeof(out);
+    iov[1].iov_base = &written;
+    iov[1].iov_len = sizeof(written);
+    /* count it before the writer can go on: the budget must hold what is answered */
+    __atomic_add_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
+    if (writev(real_fd(se), iov, 2) != (ssize_t)out.len) {
+        /* interrupted or aborted: unlog it, and Python answers as before */
+        __atomic_sub_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
+        __atomic_store_n(&rec->seq, 0, __ATOMIC_RELEASE);
+        if (wrap)
+            __atomic_store_n(&wrap->seq, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    ring_head = pos + need;
+    ring_seq++;
+    arg->fh |= ACKNOWLEDGED;
+}
+
+uint64_t kcache_request_seq, kcache_request_next;  /* the record of the write being handled */
+
+/* In pyfuse3's thread: a marked write is about to reach Python. Marked writes
+ * come in the order of their records, so the next record is this one's. */
+static void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi)
+{
+    struct record *rec;
+
+    kcache_request_seq = 0;
+    if (!(fi->fh & ACKNOWLEDGED))
+        return;
+    fi->fh &= ~ACKNOWLEDGED;
+    if (taken + sizeof(*rec) > ring_size || ((struct record *)(ring + taken))->size == WRAPPED)
+        taken = 0;
+    rec = (struct record *)(ring + taken);
+    taken += sizeof(*rec) + PAD8(rec->size);
+    kcache_request_seq = rec->seq;
+    kcache_request_next = taken;
+    if (behind_count == MAX_BEHIND_REQUESTS)
+        abort();  /* pyfuse3 serving this many writes at once breaks its own limit */
+    behind[behind_count].req = req;
+    behind[behind_count].bytes = sizeof(*rec) + PAD8(rec->size);
+    behind_count++;
+}
+
+/* Whether req was answered already; if so it is forgotten and freed. */
+static int drop_acknowledged(fuse_req_t req)
+{
+    for (int i = 0; i < behind_count; i++) {
+        if (behind[i].req == req) {
+            __atomic_sub_fetch(&behind_bytes, behind[i].bytes, __ATOMIC_ACQ_REL);
+            behind[i] = behind[--behind_count];
+            fuse_reply_none(req);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int fuse_reply_write(fuse_req_t req, size_t count)
+{
+    return drop_acknowledged(req) ? 0 : real_reply_write(req, count);
+}
+
+/* libfuse may answer errors from the reader thread too, which must not read the list */
+int fuse_reply_err(fuse_req_t req, int err)
+{
+    if (behind_count && !(reader_started && pthread_equal(pthread_self(), reader)) &&
+        drop_acknowledged(req))
+        return 0;
+    return real_reply_err(req, err);
+}
+
 /* -- the handlers ----------------------------------------------------------------- */
 
 static void reply_cached_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -158,7 +357,7 @@ static void opendir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 {
     (void)ino;
     (void)fi;
-    fuse_reply_err(req, ENOSYS);
+    real_reply_err(req, ENOSYS);
 }
 
 /* With opendir answered ENOSYS a directory's handle is 0: name it as Python expects. */
@@ -180,7 +379,7 @@ static void fsyncdir_by_inode(fuse_req_t req, fuse_ino_t ino, int datasync, stru
 static void release_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     if (release_is_fast(fi->fh))
-        fuse_reply_err(req, 0);
+        real_reply_err(req, 0);
     else
         py_release(req, ino, fi);
 }
@@ -188,7 +387,7 @@ static void release_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 static void getxattr_fast(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     if (getxattr_is_fast(name))
-        fuse_reply_err(req, ENODATA);
+        real_reply_err(req, ENODATA);
     else
         py_getxattr(req, ino, name, size);
 }
@@ -197,6 +396,7 @@ static void write_buf_with_pid(fuse_req_t req, fuse_ino_t ino, struct fuse_bufve
                                struct fuse_file_info *fi)
 {
     kcache_request_pid = fuse_req_ctx(req)->pid;
+    take_acknowledged(req, fi);
     py_write_buf(req, ino, bufv, off, fi);  /* the Python handler reads the pid first thing */
 }
 
@@ -204,6 +404,7 @@ static void write_with_pid(fuse_req_t req, fuse_ino_t ino, const char *data, siz
                            struct fuse_file_info *fi)
 {
     kcache_request_pid = fuse_req_ctx(req)->pid;
+    take_acknowledged(req, fi);
     py_write(req, ino, data, size, off, fi);
 }
 
@@ -247,8 +448,6 @@ struct item {
     char mem[];
 };
 
-static pthread_t reader;
-static int reader_started;
 static volatile sig_atomic_t stopping;
 static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -304,8 +503,10 @@ static void *read_requests(void *arg)
         }
         if (request_is_fast(buf.mem, (size_t)res))
             real_process(se, &buf);
-        else
+        else {
+            acknowledge_write(se, buf.mem, (size_t)res);
             push(res, buf.mem);
+        }
     }
     free(buf.mem);
     return NULL;

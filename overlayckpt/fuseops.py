@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from . import kcache
+from . import behind, kcache
 from .control import VIEW_INO_BASE, ControlFs, VirtualAttr
 from .errors import FsError
 from .journal import Caller
 from .overlay import Overlay
-from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
+from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, WRITE_BEHIND_KEY, Node
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,9 @@ class Operations(pyfuse3.Operations):
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
         self._next_snapshot = 0
         self.kernel_handles = False  # set once _kcache.c is known to serve the session
+        # inode -> errno of a write that failed after C acknowledged it; fsync reports it
+        self.failed_writes: dict[int, int] = {}
+        self.invalidate: Callable[[list[int], list[tuple[int, bytes]]], Awaitable[None]] | None = None
         self._next_fh = 1
 
     # -- helpers --------------------------------------------------------------
@@ -315,13 +318,40 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
-            pid = kcache.request_pid()
+            pid, logged = kcache.request_pid(), kcache.request_logged()
             caller = self.comms.caller(pid) if pid else WRITEBACK
+            if logged is not None:
+                return await self._write_behind(caller, fh ^ KERNEL_HANDLE, off, buf, logged)
             return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)
         return self.ov.write(h.caller, h.ino, off, buf)
+
+    async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
+                            logged: tuple[int, int]) -> int:
+        """Store a write whose writer was told it is done (see _kcache.c): a failure
+        can only be kept for the file's next fsync, as a native file system does."""
+        done = behind.pack_position(*logged)
+        try:
+            return self.ov.write(caller, ino, off, buf, logged=done)
+        except Exception as e:
+            err = e.errno if isinstance(e, FsError) else errno.EIO
+            log.error("a write of %d bytes at %d to inode %d failed after it was acknowledged "
+                      "(%s); the file's next fsync reports it", len(buf), off, ino,
+                      os.strerror(err), exc_info=not isinstance(e, FsError))
+            self.failed_writes.setdefault(ino, err)
+            try:  # the log need not replay it after a kill: it failed for good
+                self.ov.store.write(lambda w: w.put(b"meta", WRITE_BEHIND_KEY, done))
+            except FsError:
+                pass  # then a replay fails the same way
+            if err not in (errno.ESTALE, errno.ENOENT):
+                # the store itself failed (full, broken): from now on each write waits
+                # for its own answer; a file a restore removed concerns that file only
+                kcache.stop_write_behind()
+            if self.invalidate is not None:
+                await self.invalidate([ino], [])  # the kernel's pages hold what was not stored
+            return len(buf)
 
     @translate_errors
     async def flush(self, fh: int) -> None:
@@ -338,6 +368,10 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
         self.ov.store.sync()
+        ino = fh ^ KERNEL_HANDLE if fh & KERNEL_HANDLE else self.handles[fh].ino
+        failed = self.failed_writes.pop(ino, None)
+        if failed is not None:
+            raise FsError(failed)
 
     # -- directories ----------------------------------------------------------
 

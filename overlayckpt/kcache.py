@@ -25,9 +25,16 @@ log = logging.getLogger(__name__)
 # How long pyfuse3's loop watches for the next request in C before it waits in trio.
 SPIN_NS = 30_000
 YIELD_EVERY = 64
+# Write-behind (see _kcache.c): how many bytes of acknowledged writes may wait for
+# Python, and the free space on the store's file system below which none may: far
+# more than those writes can take, so that a full disk fails the write itself.
+MAX_BEHIND = 8 << 20
+MIN_FREE = 64 << 20
 
 _lib: ctypes.CDLL | None = None
 _request_pid: ctypes.c_int | None = None
+_request_seq: ctypes.c_uint64 | None = None
+_request_next: ctypes.c_uint64 | None = None
 
 
 def _library_path() -> str | None:
@@ -60,8 +67,11 @@ def preload() -> None:
         return
     lib.kcache_configure.argtypes = [ctypes.c_uint64]
     lib.kcache_configure(CONTROL_INO_BASE)
-    global _request_pid
+    lib.kcache_write_behind.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_uint64] * 5
+    global _request_pid, _request_seq, _request_next
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
+    _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
+    _request_next = ctypes.c_uint64.in_dll(lib, "kcache_request_next")
     _lib = lib
 
 
@@ -112,3 +122,29 @@ def active() -> bool:
 def request_pid() -> int:
     """The process of the write request being handled (0 for page writeback)."""
     return _request_pid.value if _request_pid is not None else 0
+
+
+def request_logged() -> tuple[int, int] | None:
+    """For a write request acknowledged already: its record in the write-behind log
+    and where the next record starts (behind.py); None for any other write."""
+    if _request_seq is None or not _request_seq.value:
+        return None
+    return _request_seq.value, _request_next.value  # type: ignore[union-attr]
+
+
+def write_behind(store_dir: str, log_fd: int, size: int, seq: int, offset: int) -> None:
+    """Let C acknowledge writes before Python stores them, logging each to log_fd
+    (mapped; size bytes) from record number seq at offset on."""
+    if _lib is None or not active():
+        return
+    dir_fd = os.open(store_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    err = _lib.kcache_write_behind(dir_fd, log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
+    if err:
+        os.close(dir_fd)
+        log.warning("write-behind left off: %s", os.strerror(-err))
+
+
+def stop_write_behind() -> None:
+    """From now on every write waits for Python again."""
+    if _lib is not None:
+        _lib.kcache_write_behind(-1, -1, 0, 0, 0, 0, 0)

@@ -10,7 +10,7 @@ import os
 import signal
 from typing import Any
 
-from . import kcache
+from . import behind, kcache
 
 kcache.preload()  # before pyfuse3 binds libfuse (see kcache.py)
 
@@ -104,7 +104,10 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
     session.kernel_dir_cache = ops.kernel_handles = kcache.active()
+    ops.invalidate = daemon.invalidate
     kcache.speed_up_loop(pyfuse3)
+    seq, offset = behind.position(session.store)
+    kcache.write_behind(store_dir, behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)
     info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
     write_info(store_dir, info)

@@ -22,8 +22,8 @@ from .journal import Caller, append, ensure_origin_checkpoint, now_ns
 from .lower import Lower
 from .records import (
     CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
-    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key, dirent_key, pack_obj,
-    u64, xattr_key,
+    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, WRITE_BEHIND_KEY, ZERO_BLOCK, Node, bmap_key,
+    dirent_key, pack_obj, u64, xattr_key,
 )
 from .store import Store, WriteTxn
 from .tree import Tree
@@ -399,7 +399,9 @@ class Overlay(Tree):
             node.lower_valid = min(node.lower_valid, size)
         node.size = size
 
-    def write(self, caller: Caller, ino: int, off: int, data: bytes) -> int:
+    def write(self, caller: Caller, ino: int, off: int, data: bytes, *,
+              logged: bytes | None = None) -> int:
+        """logged: the write-behind log's position after this write (behind.py)."""
         def fn(m: Mutation) -> int:
             node = self._own(m, ino)
             if not node.is_reg:
@@ -415,5 +417,7 @@ class Overlay(Tree):
                 node.size = end
             self._save(m, ino, node, mtime=True)
             m.touched(self.path_of(ino), "M")
+            if logged is not None:
+                m.w.put(b"meta", WRITE_BEHIND_KEY, logged)
             return len(data)
         return self._mutate(caller, "write", fn)

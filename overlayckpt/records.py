@@ -28,6 +28,9 @@ LOWER_INO_ONE = FIRST_UPPER_INO - 1
 # Virtual inodes of the control directory: never stored, never journaled.
 CONTROL_INO_BASE = 1 << 62
 
+# meta key: how far the write-behind log (behind.py) has been stored
+WRITE_BEHIND_KEY = b"write_behind"
+
 CONTROL_NAME = b".overlayckpt"
 WHITEOUT = b"\0" * 8  # dirent value that hides a lower entry
 ZERO_BLOCK = b""  # bmap value for a block known to be all zeros

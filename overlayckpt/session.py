@@ -91,6 +91,13 @@ class Session:
         if window is None:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
+        try:
+            from .behind import recover
+            recover(overlay, store_dir)  # what a killed daemon acknowledged and never stored
+        except Exception:
+            store.close()
+            lower.close()
+            raise
         info.update(repo=os.path.realpath(repo), window=window, block_size=store.block_size)
         write_info(store_dir, info)
         return cls(store, lower, overlay, os.path.realpath(repo), mountpoint)

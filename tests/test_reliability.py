@@ -1347,3 +1347,56 @@ def test_restore_both_is_both_or_neither_when_killed(tmp_path: Path, rounds: int
     finally:
         cleanup_mount(m)
     fsck_clean(["--store", str(m.store)])
+
+
+def waiting_on_daemon(tid: int) -> bool:
+    """Thread tid of this process waits for the answer to a FUSE request."""
+    with open(f"/proc/self/task/{tid}/wchan") as f:
+        return f.read() == "request_wait_answer"
+
+
+def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
+    """C answers a write before Python stores it (write-behind); the write-behind
+    log makes it survive kill -9 all the same: the next mount stores it."""
+    repo = make_repo(tmp_path / "repo")
+    m = Mount(repo, tmp_path / "mnt", tmp_path / "store")
+    try:
+        mount(repo, m.mnt, m.store)
+        pid = daemon_pid(m.store)
+        (m.mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(32 << 20))
+        # everything that needs Python first: the control handle, the new file, the lookups
+        ctl = os.open(m.mnt / ".overlayckpt" / "ctl", os.O_RDWR)
+        burst = os.open(m.mnt / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+        readme = os.open(m.mnt / "README.md", os.O_WRONLY)  # (a repo file, never written)
+        # fsck checks every block (32 MiB): Python serves nothing else meanwhile
+        fsck_thread: list[int] = []
+
+        def fsck() -> None:
+            fsck_thread.append(threading.get_native_id())
+            with contextlib.suppress(OSError):  # the daemon dies under it
+                os.write(ctl, b'{"cmd": "fsck"}\n')
+        checker = threading.Thread(target=fsck)
+        checker.start()
+        wait_for(lambda: fsck_thread and waiting_on_daemon(fsck_thread[0]), "fsck to start")
+        # (a wait that lasts is fsck's: C answers the others in microseconds)
+        wait_for(lambda: all(waiting_on_daemon(fsck_thread[0]) for _ in range(50)), "fsck to run")
+        blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
+        for i, block in enumerate(blocks):
+            assert os.pwrite(burst, block, i * 4096) == 4096
+        assert os.write(readme, b"# DEMO") == 6
+        os.close(burst)
+        os.close(readme)
+        assert waiting_on_daemon(fsck_thread[0]), "fsck ended before the kill: make it longer"
+        os.kill(pid, signal.SIGKILL)
+        checker.join()
+        os.close(ctl)
+        wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die")
+        force_unmount(str(m.mnt))
+        mount(repo, m.mnt, m.store)
+        assert (m.mnt / "burst.bin").read_bytes() == b"".join(blocks)
+        assert (m.mnt / "README.md").read_bytes() == b"# DEMO\n\nhello\n"
+        log = (m.store / "daemon.log").read_text()
+        assert "stored 201 writes that a stopped daemon had acknowledged" in log, log
+        fsck_clean(["--mount", str(m.mnt)])
+    finally:
+        cleanup_mount(m)
