@@ -23,7 +23,7 @@ from .lower import Lower
 from .records import (
     CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
     T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, WRITE_BEHIND_KEY, ZERO_BLOCK, Node, bmap_key,
-    dirent_key, pack_obj, u64, xattr_key,
+    dirent_key, from_u64, pack_obj, u64, xattr_key,
 )
 from .store import Store, WriteTxn
 from .tree import Tree
@@ -391,7 +391,15 @@ class Overlay(Tree):
         bs = self.bs
         if size < node.size:
             first_gone = -(-size // bs)
-            for b in range(first_gone, -(-node.size // bs)):
+            # only blocks that hold something: stored ones, and those still the repo's
+            # (a sparse file's holes cost nothing to cut)
+            gone = set(range(first_gone, -(-min(node.lower_valid, node.size) // bs))
+                       if node.origin is not None else ())
+            for key, _ in m.w.range_from(b"bmap", bmap_key(ino, first_gone)):
+                if not key.startswith(u64(ino)):
+                    break
+                gone.add(from_u64(key[8:]))
+            for b in sorted(gone):
                 self._set_block(m, ino, node, b, None)
             if size % bs:
                 # zero the tail so a later extension reads zeros, as POSIX wants

@@ -226,6 +226,31 @@ def test_write_to_a_file_a_restore_removed_fails_at_fsync(repo: Path, mount_fact
     assert (m.mnt / ".overlayckpt" / "checkpoints" / cid / "README.md").read_text() == "still written\n"
 
 
+def test_truncating_a_sparse_file_cuts_only_its_data_and_restores(repo: Path,
+                                                                  mount_factory) -> None:
+    m = mount_factory(repo)
+    big = 1 << 30
+    with open(m.mnt / "sparse.bin", "wb") as f:
+        f.write(b"head" * 1024)
+        f.seek(big - 4096)
+        f.write(b"tail" * 1024)
+    base = m.cli("checkpoint").stdout.strip()
+    os.truncate(m.mnt / "sparse.bin", 3 * 4096 + 5)
+    with open(m.mnt / "sparse.bin", "rb") as f:
+        assert f.read() == b"head" * 1024 + bytes(2 * 4096 + 5)
+    os.truncate(m.mnt / "sparse.bin", big)  # extended again: the old tail must be zeros
+    with open(m.mnt / "sparse.bin", "rb") as f:
+        f.seek(big - 4096)
+        assert f.read() == bytes(4096)
+    os.truncate(m.mnt / "docs" / "guide.txt", 4101)  # a repo file, cut mid-block
+    m.cli("restore", base)
+    with open(m.mnt / "sparse.bin", "rb") as f:
+        assert f.read(4096) == b"head" * 1024
+        f.seek(big - 4096)
+        assert f.read() == b"tail" * 1024
+    assert (m.mnt / "docs" / "guide.txt").read_text() == "line\n" * 5000
+
+
 def test_bad_input_changes_nothing(repo: Path, mount_factory) -> None:
     m = mount_factory(repo)
     (m.mnt / "README.md").write_text("changed\n")
