@@ -43,11 +43,14 @@
  *   later request, as it would have; the writer need not wait for it. That is
  *   what a native file system does with a write before fsync, and fsync (which
  *   comes through the queue after the writes) still answers only once they
- *   are stored, with the error of any that failed (fuseops.py). The reader
- *   marks the handle with ACKNOWLEDGED; the wrapped write handlers take the mark
- *   off, tell Python (kcache_request_behind) and remember the request, whose
- *   reply fuse_reply_write/fuse_reply_err then drop. At most max_behind bytes
- *   wait at a time, and none while the store's file system has less than
+ *   are stored, with the error of any that failed (fuseops.py). Before it
+ *   answers, the reader copies the write into the store's write-behind log, a
+ *   file mapped shared (so a killed daemon's copy survives it), which the next
+ *   Session.open replays past what Python stored (behind.py). It marks the
+ *   handle with ACKNOWLEDGED; the wrapped write handlers take the mark off,
+ *   tell Python the record (kcache_request_seq/next) and remember the request,
+ *   whose reply fuse_reply_write/fuse_reply_err then drop. At most max_behind
+ *   bytes wait at a time, and none while the store's file system has less than
  *   min_free bytes free: a full disk must be reported to the writer itself.
  */
 #define _GNU_SOURCE
