@@ -1355,6 +1355,31 @@ def waiting_on_daemon(tid: int) -> bool:
         return f.read() == "request_wait_answer"
 
 
+@contextlib.contextmanager
+def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
+    """Keep the daemon's Python busy (an fsck of 32 MiB of blocks) while the body
+    runs: writes made meanwhile are acknowledged by C and wait in its queue."""
+    (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(32 << 20))
+    ctl = os.open(mnt / ".overlayckpt" / "ctl", os.O_RDWR)
+    tid: list[int] = []
+
+    def fsck() -> None:
+        tid.append(threading.get_native_id())
+        with contextlib.suppress(OSError):  # the daemon may die or stop under it
+            os.write(ctl, b'{"cmd": "fsck"}\n')
+    checker = threading.Thread(target=fsck)
+    checker.start()
+    try:
+        wait_for(lambda: tid and waiting_on_daemon(tid[0]), "fsck to start")
+        # (a wait that lasts is fsck's: C answers the others in microseconds)
+        wait_for(lambda: all(waiting_on_daemon(tid[0]) for _ in range(50)), "fsck to run")
+        yield checker
+        assert waiting_on_daemon(tid[0]), "fsck ended too soon: give it more to check"
+    finally:
+        checker.join(timeout=DEADLINE)
+        os.close(ctl)
+
+
 def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
     """C answers a write before Python stores it (write-behind); the write-behind
     log makes it survive kill -9 all the same: the next mount stores it."""
@@ -1363,33 +1388,17 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
     try:
         mount(repo, m.mnt, m.store)
         pid = daemon_pid(m.store)
-        (m.mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(32 << 20))
-        # everything that needs Python first: the control handle, the new file, the lookups
-        ctl = os.open(m.mnt / ".overlayckpt" / "ctl", os.O_RDWR)
+        # everything that needs Python first: the new file, the lookups
         burst = os.open(m.mnt / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         readme = os.open(m.mnt / "README.md", os.O_WRONLY)  # (a repo file, never written)
-        # fsck checks every block (32 MiB): Python serves nothing else meanwhile
-        fsck_thread: list[int] = []
-
-        def fsck() -> None:
-            fsck_thread.append(threading.get_native_id())
-            with contextlib.suppress(OSError):  # the daemon dies under it
-                os.write(ctl, b'{"cmd": "fsck"}\n')
-        checker = threading.Thread(target=fsck)
-        checker.start()
-        wait_for(lambda: fsck_thread and waiting_on_daemon(fsck_thread[0]), "fsck to start")
-        # (a wait that lasts is fsck's: C answers the others in microseconds)
-        wait_for(lambda: all(waiting_on_daemon(fsck_thread[0]) for _ in range(50)), "fsck to run")
         blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
-        for i, block in enumerate(blocks):
-            assert os.pwrite(burst, block, i * 4096) == 4096
-        assert os.write(readme, b"# DEMO") == 6
-        os.close(burst)
-        os.close(readme)
-        assert waiting_on_daemon(fsck_thread[0]), "fsck ended before the kill: make it longer"
-        os.kill(pid, signal.SIGKILL)
-        checker.join()
-        os.close(ctl)
+        with daemon_busy(m.mnt):
+            for i, block in enumerate(blocks):
+                assert os.pwrite(burst, block, i * 4096) == 4096
+            assert os.write(readme, b"# DEMO") == 6
+            os.close(burst)
+            os.close(readme)
+            os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die")
         force_unmount(str(m.mnt))
         mount(repo, m.mnt, m.store)
@@ -1400,3 +1409,24 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
         fsck_clean(["--mount", str(m.mnt)])
     finally:
         cleanup_mount(m)
+
+
+def test_sigterm_stores_acknowledged_writes_before_it_applies(tmp_path: Path) -> None:
+    """SIGTERM stops pyfuse3's loop with acknowledged writes still queued: the daemon
+    stores them from the log before it applies an in-place mount to the repo."""
+    repo = make_repo(tmp_path / "repo")
+    store = tmp_path / "store"
+    run_cli("mount", str(repo), "--store", str(store))
+    try:
+        pid = daemon_pid(store)
+        burst = os.open(repo / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+        blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
+        with daemon_busy(repo):
+            for i, block in enumerate(blocks):
+                assert os.pwrite(burst, block, i * 4096) == 4096
+            os.close(burst)
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not proc_alive(pid), f"daemon {pid} to exit")
+    finally:
+        force_unmount(str(repo))
+    assert (repo / "burst.bin").read_bytes() == b"".join(blocks)
