@@ -180,7 +180,7 @@ struct record {
 #define WRAPPED UINT32_MAX
 #define PAD8(n) (((n) + 7) & ~(uint64_t)7)
 
-static int store_fd = -1;  /* a directory on the store's file system, for its free space */
+static int log_fd = -1;   /* the log, in the store: its file system's free space is the store's */
 static char *ring;         /* the log, mapped shared: it outlives a killed daemon */
 static uint64_t ring_size, ring_head, ring_seq;  /* reader: where and which the next record is */
 static uint64_t taken;     /* pyfuse3's thread: where the next marked write's record is */
@@ -191,7 +191,7 @@ static int behind_count;  /* used only by pyfuse3's thread */
 
 /* Map the log and start at record seq at offset head (what Python stored last
  * said comes next); max_bytes 0 turns write-behind off again. */
-int kcache_write_behind(int dir_fd, int log_fd, uint64_t size, uint64_t seq, uint64_t head,
+int kcache_write_behind(int fd, uint64_t size, uint64_t seq, uint64_t head,
                         uint64_t max_bytes, uint64_t free_bytes)
 {
     if (max_bytes == 0) {
@@ -199,7 +199,7 @@ int kcache_write_behind(int dir_fd, int log_fd, uint64_t size, uint64_t seq, uin
         return 0;
     }
     if (ring == NULL) {
-        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, log_fd, 0);
+        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
         if (map == MAP_FAILED)
             return -errno;
@@ -208,7 +208,7 @@ int kcache_write_behind(int dir_fd, int log_fd, uint64_t size, uint64_t seq, uin
         ring_seq = seq;
         ring_head = taken = head;
     }
-    store_fd = dir_fd;
+    log_fd = fd;
     min_free = free_bytes;
     __atomic_store_n(&max_behind, max_bytes, __ATOMIC_RELEASE);
     return 0;
@@ -218,7 +218,7 @@ static int space_left(void)
 {
     struct statvfs st;
 
-    return fstatvfs(store_fd, &st) == 0 && (uint64_t)st.f_bavail * st.f_frsize >= min_free;
+    return fstatvfs(log_fd, &st) == 0 && (uint64_t)st.f_bavail * st.f_frsize >= min_free;
 }
 
 static uint64_t record_at(uint64_t pos, uint64_t need)

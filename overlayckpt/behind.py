@@ -51,6 +51,11 @@ def pack_position(seq: int, next_offset: int) -> bytes:
     return _POSITION.pack(seq, next_offset)
 
 
+def skip(store: Store, done: bytes) -> None:
+    """Move past a record whose write failed for good (a replay would fail the same way)."""
+    store.write(lambda w: w.put(b"meta", WRITE_BEHIND_KEY, done))
+
+
 def open_log(store_dir: str) -> int:
     """The log file, at its full size (for mapping it)."""
     fd = os.open(os.path.join(store_dir, LOG_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -103,7 +108,7 @@ def recover(overlay: Overlay, store_dir: str) -> int:
                     continue
                 log.warning("an acknowledged write to inode %d could not be stored again: %s",
                             ino, os.strerror(e.errno))
-                overlay.store.write(lambda w: w.put(b"meta", WRITE_BEHIND_KEY, done))
+                skip(overlay.store, done)
                 break
     if records:
         log.warning("stored %d writes that a stopped daemon had acknowledged", len(records))

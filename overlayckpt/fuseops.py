@@ -24,7 +24,7 @@ from .control import VIEW_INO_BASE, ControlFs, VirtualAttr
 from .errors import FsError
 from .journal import Caller
 from .overlay import Overlay
-from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, WRITE_BEHIND_KEY, Node
+from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,8 @@ class Operations(pyfuse3.Operations):
                       "(%s); the file's next fsync reports it", len(buf), off, ino,
                       os.strerror(err), exc_info=not isinstance(e, FsError))
             self.failed_writes.setdefault(ino, err)
-            try:  # the log need not replay it after a kill: it failed for good
-                self.ov.store.write(lambda w: w.put(b"meta", WRITE_BEHIND_KEY, done))
+            try:
+                behind.skip(self.ov.store, done)
             except FsError:
                 pass  # then a replay fails the same way
             if err not in (errno.ESTALE, errno.ENOENT):

@@ -67,7 +67,7 @@ def preload() -> None:
         return
     lib.kcache_configure.argtypes = [ctypes.c_uint64]
     lib.kcache_configure(CONTROL_INO_BASE)
-    lib.kcache_write_behind.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_uint64] * 5
+    lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
     global _request_pid, _request_seq, _request_next
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
@@ -132,19 +132,17 @@ def request_logged() -> tuple[int, int] | None:
     return _request_seq.value, _request_next.value  # type: ignore[union-attr]
 
 
-def write_behind(store_dir: str, log_fd: int, size: int, seq: int, offset: int) -> None:
+def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
     """Let C acknowledge writes before Python stores them, logging each to log_fd
-    (mapped; size bytes) from record number seq at offset on."""
+    (in the store, mapped; size bytes) from record number seq at offset on."""
     if _lib is None or not active():
         return
-    dir_fd = os.open(store_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    err = _lib.kcache_write_behind(dir_fd, log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
+    err = _lib.kcache_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
     if err:
-        os.close(dir_fd)
         log.warning("write-behind left off: %s", os.strerror(-err))
 
 
 def stop_write_behind() -> None:
     """From now on every write waits for Python again."""
     if _lib is not None:
-        _lib.kcache_write_behind(-1, -1, 0, 0, 0, 0, 0)
+        _lib.kcache_write_behind(-1, 0, 0, 0, 0, 0)

@@ -107,7 +107,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     ops.invalidate = daemon.invalidate
     kcache.speed_up_loop(pyfuse3)
     seq, offset = behind.position(session.store)
-    kcache.write_behind(store_dir, behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
+    kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)
     info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
     write_info(store_dir, info)
