@@ -1,8 +1,11 @@
 """First contact: the mount shows the repo, edits land in the store, not the repo."""
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
+from pathlib import Path
 
 from conftest import Mount, tree_digest
 
@@ -52,6 +55,43 @@ def test_requests_without_state_are_answered_in_c(mounted: Mount) -> None:
         data = f.read()
     (mounted.mnt / "docs" / "extra.md").write_text("x\n")  # drops the cached listing
     assert sorted(os.listdir(mounted.mnt / "docs")) == sorted(before + ["extra.md"])
+    assert path.read_bytes() == data
+
+
+def _pages_cached(path: Path) -> int:
+    """How many of the file's pages are in the kernel's page cache (mincore on a
+    read-only mapping: mapping reads nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.stat(path).st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw)
+
+
+def test_written_pages_stay_cached_after_stat(mounted: Mount) -> None:
+    """A file written through the mount is read back from the kernel's cache: the stat
+    after a write shows a new mtime, which must not drop the pages (auto_inval_data)."""
+    path = mounted.mnt / "docs" / "written.bin"
+    data = os.urandom(64 * mmap.PAGESIZE)
+    with open(path, "wb") as f:
+        f.write(data)
+    os.stat(path)  # the write left the attributes stale: this asks the daemon
+    assert _pages_cached(path) == 64
     assert path.read_bytes() == data
 
 
