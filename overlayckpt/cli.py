@@ -300,7 +300,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     result = Target(args).call({"cmd": "status"})
     result.pop("ok", None)
-    emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    def line(key: str, value: Any) -> str:
+        if isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in value.items())
+        return f"{key}: {value}"
+    emit(args, result, lambda r: "\n".join(line(k, v) for k, v in r.items()))
     return 0
 
 

@@ -68,6 +68,7 @@ def preload() -> None:
     lib.kcache_configure.argtypes = [ctypes.c_uint64]
     lib.kcache_configure(CONTROL_INO_BASE)
     lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
+    lib.kcache_warm_tree.argtypes = [ctypes.c_int]
     global _request_pid, _request_seq, _request_next
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
@@ -140,6 +141,21 @@ def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
     err = _lib.kcache_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
     if err:
         log.warning("write-behind left off: %s", os.strerror(-err))
+
+
+def warm_tree(dir_fd: int) -> None:
+    """Have C threads read the metadata of the tree below dir_fd ahead, once: the
+    daemon's first lookups on a cold cache then find the repo's inodes read."""
+    if _lib is not None and active():
+        _lib.kcache_warm_tree(dir_fd)
+
+
+def read_ahead() -> dict[str, Any] | None:
+    """How far warm_tree got: directories listed, and whether the walk has ended."""
+    if _lib is None or not active():
+        return None
+    return {"dirs": ctypes.c_uint64.in_dll(_lib, "kcache_warmed_dirs").value,
+            "done": bool(ctypes.c_int.in_dll(_lib, "kcache_warm_done").value)}
 
 
 def stop_write_behind() -> None:

@@ -113,6 +113,9 @@ class Lower:
         self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
         self._stats: dict[bytes, Any] = {}
         self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
+        # called with the repo's fd before the first listing (the daemon reads the
+        # repo's metadata ahead from there: kcache.warm_tree)
+        self.warm: Callable[[int], None] | None = None
 
     def close(self) -> None:
         self.forget_cached()
@@ -198,6 +201,9 @@ class Lower:
                 except FsError:
                     pass
             return out
+        if self.warm is not None:
+            warm, self.warm = self.warm, None
+            warm(self.fd)
         fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             out = []

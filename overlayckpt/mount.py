@@ -106,6 +106,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session.kernel_dir_cache = ops.kernel_handles = kcache.active()
     ops.invalidate = daemon.invalidate
     kcache.speed_up_loop(pyfuse3)
+    session.lower.warm = kcache.warm_tree
     seq, offset = behind.position(session.store)
     kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)

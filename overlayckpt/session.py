@@ -13,6 +13,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from . import kcache
 from .errors import UserError
 from .lower import Lower
 from .overlay import Overlay
@@ -128,6 +129,7 @@ class Session:
             "in_place": self.mountpoint == self.repo,
             "apply_on_unmount": self.apply_on_exit,
             "kernel_dir_cache": self.kernel_dir_cache,
+            "repo_read_ahead": kcache.read_ahead(),
             "live_checkpoint": live.id if live else None,
             "block_size": self.store.block_size,
             "store_bytes": self.store.disk_bytes(), **counts,

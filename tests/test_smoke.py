@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from conftest import Mount, tree_digest
+from helpers_diff import wait_until
 
 
 def test_mount_shows_repo(mounted: Mount) -> None:
@@ -56,6 +57,24 @@ def test_requests_without_state_are_answered_in_c(mounted: Mount) -> None:
     (mounted.mnt / "docs" / "extra.md").write_text("x\n")  # drops the cached listing
     assert sorted(os.listdir(mounted.mnt / "docs")) == sorted(before + ["extra.md"])
     assert path.read_bytes() == data
+
+
+def test_repo_metadata_is_read_ahead_without_leaving_the_repo(repo: Path, mount_factory,
+                                                              tmp_path: Path) -> None:
+    """The first lookup starts C threads that list every repo directory once (so a cold
+    walk finds the inodes read); a symlink to a directory outside is not followed."""
+    outside = tmp_path / "outside"
+    (outside / "a" / "b").mkdir(parents=True)
+    (repo / "docs" / "elsewhere").symlink_to(outside)
+    repo_dirs = sum(1 for _ in os.walk(repo))  # os.walk does not follow symlinks either
+    m = mount_factory(repo)
+    os.stat(m.mnt / "src" / "main.py")
+
+    def ended() -> bool:
+        return m.ctl_ok({"cmd": "status"})["repo_read_ahead"]["done"]
+    wait_until(ended, what="the read-ahead walk to end")
+    assert m.ctl_ok({"cmd": "status"})["repo_read_ahead"] == {"dirs": repo_dirs, "done": True}
+    assert os.listdir(m.mnt / "docs" / "elsewhere") == ["a"]  # still reachable as a symlink
 
 
 def _pages_cached(path: Path) -> int:
