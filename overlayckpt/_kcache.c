@@ -644,21 +644,36 @@ static volatile int warm_stop;
 uint64_t kcache_warmed_dirs;  /* directories listed so far (status shows it) */
 int kcache_warm_done;         /* the walk has ended */
 
-/* Queue parent/name (relative to the repo: the root is "."). */
-static void warm_push(const char *parent, const char *name)
+/* A directory to list: parent/name, relative to the repo (whose root is "."). */
+static struct warm_dir *warm_new(const char *parent, const char *name)
 {
     size_t plen = strlen(parent), nlen = strlen(name);
     struct warm_dir *d = malloc(sizeof(*d) + plen + nlen + 2);
 
-    if (d == NULL)
-        return;  /* only a cache warmed less */
-    memcpy(d->path, parent, plen);
-    d->path[plen] = '/';
-    memcpy(d->path + plen + 1, name, nlen + 1);
-    pthread_mutex_lock(&warm_lock);
-    d->next = warm_queue;  /* last in, first out: down the tree before across it */
+    if (d != NULL) {
+        memcpy(d->path, parent, plen);
+        d->path[plen] = '/';
+        memcpy(d->path + plen + 1, name, nlen + 1);
+    }
+    return d;
+}
+
+/* With warm_lock held. Last in, first out: down the tree before across it. */
+static void warm_link(struct warm_dir *d)
+{
+    d->next = warm_queue;
     warm_queue = d;
     pthread_cond_signal(&warm_more);
+}
+
+static void warm_push(const char *parent, const char *name)
+{
+    struct warm_dir *d = warm_new(parent, name);
+
+    if (d == NULL)
+        return;  /* only a cache warmed less */
+    pthread_mutex_lock(&warm_lock);
+    warm_link(d);
     pthread_mutex_unlock(&warm_lock);
 }
 
@@ -728,46 +743,37 @@ static void *warm_thread(void *arg)
     return NULL;
 }
 
-/* Walk the tree below dirfd in the background, once per session. */
-int kcache_warm_tree(int dirfd)
+/* Walk the tree below dirfd in the background (Lower asks once per session). */
+void kcache_warm_tree(int dirfd)
 {
+    struct warm_dir *root = warm_new(".", ".");  /* "./.": the root, beneath itself */
     pthread_attr_t attr;
-    int started = 0;
 
     pthread_mutex_lock(&warm_lock);
-    if (warm_root >= 0 || warm_stop) {
+    if (root == NULL || warm_root >= 0 || warm_stop ||
+        (warm_root = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
         pthread_mutex_unlock(&warm_lock);
-        return 0;
+        free(root);
+        return;  /* running, ended, or no fd: only a cache warmed less */
     }
-    warm_root = fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
-    if (warm_root < 0) {
-        pthread_mutex_unlock(&warm_lock);
-        return -errno;
-    }
-    pthread_mutex_unlock(&warm_lock);
-    warm_push(".", ".");  /* "./.": the root, resolved beneath itself */
-    pthread_mutex_lock(&warm_lock);
+    warm_link(root);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     for (int i = 0; i < WARM_THREADS; i++) {
         pthread_t t;
 
-        warm_threads++;
-        if (pthread_create(&t, &attr, warm_thread, NULL) != 0) {
-            warm_threads--;
+        if (pthread_create(&t, &attr, warm_thread, NULL) != 0)
             break;
-        }
-        started++;
+        warm_threads++;
     }
     pthread_attr_destroy(&attr);
     if (warm_threads == 0) {
-        free(warm_queue);
         warm_queue = NULL;
+        free(root);
         close(warm_root);
         warm_root = -1;
     }
     pthread_mutex_unlock(&warm_lock);
-    return started;
 }
 
 void fuse_session_destroy(struct fuse_session *se)

@@ -79,26 +79,17 @@ def test_repo_metadata_is_read_ahead_without_leaving_the_repo(repo: Path, mount_
 
 def _pages_cached(path: Path) -> int:
     """How many of the file's pages are in the kernel's page cache (mincore on a
-    read-only mapping: mapping reads nothing)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = os.stat(path).st_size
-    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        vec = ctypes.create_string_buffer(pages)
+    private mapping: mapping reads nothing)."""
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
+        vec = ctypes.create_string_buffer((len(mm) + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        start = ctypes.c_char.from_buffer(mm)  # its address; released before mm closes
         try:
-            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            assert mincore(ctypes.addressof(start), len(mm), vec) == 0, \
+                os.strerror(ctypes.get_errno())
         finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
+            del start
     return sum(b & 1 for b in vec.raw)
 
 
