@@ -498,6 +498,19 @@ class Overlayckpt(Contender):
         return apparent - st.st_size, disk - st.st_blocks * 512
 
 
+class OverlayckptBaseline(Overlayckpt):
+    """Another build of overlayckpt, side by side with this one (before/after a change):
+    the `overlayckpt` executable named by $OVERLAYCKPT_BASELINE, e.g. a checkout's .venv."""
+
+    name = "overlayckpt-baseline"
+
+    def __init__(self, repo: Repo, workdir: Path) -> None:
+        super().__init__(repo, workdir)
+        self.exe = os.environ.get("OVERLAYCKPT_BASELINE", "")
+        self._send = None  # its control client may differ from ours: the CLI only
+
+
 ALL: dict[str, type[Contender]] = {
     c.name: c for c in (Native, KernelOverlay, FuseOverlayfs, Passthrough, ShadowGit, Overlayckpt)
 }
+EXTRA: dict[str, type[Contender]] = {OverlayckptBaseline.name: OverlayckptBaseline}

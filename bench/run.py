@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import report
-from bench.contenders import ALL, PROJECT_ROOT, Contender, force_unmount, mounts_under
+from bench.contenders import ALL, EXTRA, PROJECT_ROOT, Contender, force_unmount, mounts_under
 from bench.gen import WORK_DIR, ensure_repo
 from bench.workloads import Ctx, Samples, Workload, all_workloads, drop_caches
 
@@ -265,7 +265,7 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
             raise RuntimeError(f"{rundir} still has mounts; refusing to delete it")
         shutil.rmtree(rundir)
     rundir.mkdir(parents=True)
-    contenders = [ALL[name](repo, rundir) for name in names]
+    contenders = [{**ALL, **EXTRA}[name](repo, rundir) for name in names]
     live: list[Contender] = []
     dead: set[str] = set()
     try:
@@ -315,7 +315,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="1000,10000", help="comma-separated repo sizes in files")
     p.add_argument("--quick", action="store_true", help="fewer iterations (under 5 min for 1000,10000)")
-    p.add_argument("--contenders", default=",".join(ALL), help=f"subset of {','.join(ALL)}")
+    p.add_argument("--contenders", default=",".join(ALL), help=f"subset of {','.join(ALL)}, or {','.join(EXTRA)} "
+                        "($OVERLAYCKPT_BASELINE: another build's overlayckpt, for before/after)")
     p.add_argument("--workloads", default=",".join(names), help=f"subset of {','.join(names)}")
     p.add_argument("--history", default=None,
                    help="short,long history lengths for hist_small/hist_large (default 10,10000; quick 10,1000)")
@@ -331,7 +332,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.workloads = [s for s in args.workloads.split(",") if s]
     hist = args.history or ("10,1000" if args.quick else "10,10000")
     args.history = [int(x) for x in hist.split(",")]
-    unknown = [c for c in args.contenders if c not in ALL] + [w for w in args.workloads if w not in names]
+    unknown = [c for c in args.contenders if c not in ALL and c not in EXTRA] + [w for w in args.workloads if w not in names]
     if unknown:
         p.error(f"unknown contender/workload: {', '.join(unknown)}")
     if len(args.history) != 2:

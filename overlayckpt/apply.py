@@ -344,4 +344,4 @@ def apply_checkpoint(session: "Session", ref: Any, force: bool = False) -> dict[
         extra_dirs = sorted({from_u64(k[:8]) for t, k in state.delta if t == b"dirents"})
         return Applier(session).apply(state, extra_nodes, extra_dirs, force)
     finally:
-        r.txn.abort()
+        session.store.end_read(r)

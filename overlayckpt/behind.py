@@ -64,6 +64,22 @@ def open_log(store_dir: str) -> int:
     return fd
 
 
+def discard(store_dir: str) -> None:
+    """Empty the log after a power cut: its pages may mix laps and lost writes, and the
+    store was rolled back to a sync point, which every acknowledged fsync reached."""
+    path = os.path.join(store_dir, LOG_NAME)
+    if not os.path.exists(path):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, 0)
+        os.ftruncate(fd, LOG_SIZE)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.warning("discarded the write-behind log of a daemon whose page cache is gone")
+
+
 def _records(ring: bytes, seq: int, offset: int) -> list[tuple[int, int, int, int, int, bytes]]:
     """The records from (seq, offset) on: (seq, next offset, ino, off, pid, data)."""
     out = []

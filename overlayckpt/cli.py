@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("cmd", nargs=argparse.REMAINDER)
 
     sub.add_parser("status", help="mount, repo, store, live checkpoint, counts")
+    sub.add_parser("recover", help="salvage a damaged store (--store DIR) into a new one, "
+                                   "keeping the damaged one beside it")
 
     h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
     h.add_argument("agent", choices=["claude-code"])
@@ -308,6 +310,65 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+_SALVAGE = ("import json, sys\n"
+            "from overlayckpt.store import salvage\n"
+            "for name, copied, error in salvage(sys.argv[1], sys.argv[2]):\n"
+            "    print(json.dumps([name, copied, error]), flush=True)\n")
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Copy what can be read out of a damaged store, in a child process (reading damaged
+    pages through LMDB may crash it), then swap the copy in and keep the damaged one."""
+    import fcntl
+    from .maintenance import fsck
+    from .store import Store
+    from .synced import fsync_dir
+    if not args.store:
+        raise UserError("recover needs --store DIR: the store of the damaged session")
+    store = os.path.abspath(args.store)
+    if not os.path.isfile(os.path.join(store, "data.mdb")):
+        raise UserError(f"no session store at {store}: check --store")
+    lock_fd = os.open(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"store {store} is in use by an overlayckpt daemon: unmount it "
+                            "first") from None
+        work = store.rstrip("/") + ".recovering"
+        shutil.rmtree(work, ignore_errors=True)
+        proc = subprocess.run([sys.executable, "-c", _SALVAGE, store, work],
+                              capture_output=True, text=True, timeout=6 * 3600)
+        tables = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+        if not os.path.isfile(os.path.join(work, "data.mdb")):
+            raise UserError(f"nothing could be read from {store} ({proc.stderr.strip()[-200:]}); "
+                            "it is unchanged")
+        for name in ("session.json",):
+            if os.path.exists(os.path.join(store, name)):
+                shutil.copy2(os.path.join(store, name), os.path.join(work, name))
+        recovered = Store.open(work, create=False, lock=False)
+        try:
+            check = fsck(recovered)
+        finally:
+            recovered.close()
+        kept = f"{store}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(store, kept)
+        os.rename(work, store)
+        fsync_dir(os.path.dirname(store))
+    finally:
+        os.close(lock_fd)
+    lost = [f"table {t} stopped after {n} entries: {e}" for t, n, e in tables if e]
+    if proc.returncode != 0:
+        lost.append(f"the reader stopped (status {proc.returncode}) after "
+                    f"{len(tables)} of the tables")
+    result = {"store": store, "damaged_copy": kept, "entries": sum(n for _, n, _ in tables),
+              "lost": lost + check["problems"], "clean": check["clean"]}
+    emit(args, result, lambda r: (
+        f"recovered {r['entries']} entries into {store}; the damaged store is kept at "
+        f"{kept}\n" + ("lost: " + "; ".join(r["lost"][:20]) if r["lost"] else "nothing lost")))
+    return 0
+
+
 def cmd_hook(args: argparse.Namespace) -> int:
     from .agents import run_hook
     return run_hook(sys.stdin, args.mount)
@@ -323,6 +384,7 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mount": cmd_mount, "unmount": cmd_unmount, "run": cmd_run, "status": cmd_status,
+    "recover": cmd_recover,
     "hook": cmd_hook, "install-hooks": cmd_install_hooks,
 }
 

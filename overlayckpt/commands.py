@@ -93,7 +93,7 @@ def describe(files: list[dict[str, str]]) -> str:
     return "; ".join(parts)
 
 
-@command("checkpoint")
+@command("checkpoint", durable=True)
 async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     ck = Timeline(s).checkpoint(_opt_str(cmd, "name"), _opt_str(cmd, "message"), _caller())
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
@@ -139,7 +139,7 @@ def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Che
     return s.line_counts[key]
 
 
-@command("restore")
+@command("restore", durable=True)
 async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if "id" not in cmd:
         raise UserError('restore needs "id" (a checkpoint id or name)')
@@ -241,7 +241,7 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return s.store.read(fn)
 
 
-@command("apply")
+@command("apply", durable=True)
 async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from .apply import apply_checkpoint, apply_live
     force = bool(cmd.get("force"))
@@ -252,14 +252,14 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"repo": s.repo, **stats}
 
 
-@command("fsck")
+@command("fsck", durable=True)
 async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from .maintenance import fsck, repair
     repaired = repair(s.store)["dropped"] if cmd.get("repair") else []
     return {**fsck(s.store), "repaired": repaired}
 
 
-@command("gc")
+@command("gc", durable=True)
 async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from .maintenance import DEFAULT_BUDGET, gc, thin
     budget = cmd.get("budget", DEFAULT_BUDGET)

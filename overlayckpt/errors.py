@@ -21,5 +21,9 @@ class StoreLocked(UserError):
     pass
 
 
+class StoreDamaged(UserError):
+    """The store failed verification: refused, never served."""
+
+
 def enoent(msg: str = "") -> FsError:
     return FsError(errno.ENOENT, msg)

@@ -309,7 +309,7 @@ class GitExport:
             finally:
                 stream.close()
         finally:
-            r.txn.abort()
+            self.s.store.end_read(r)
         marks = os.path.join(tmpdir, "marks")
         with open(stream.path, "rb") as f:
             proc = await git.run("fast-import", "--quiet", "--done", f"--export-marks={marks}",
@@ -558,7 +558,7 @@ class GitExport:
 _locks: "weakref.WeakKeyDictionary[Session, trio.Lock]" = weakref.WeakKeyDictionary()
 
 
-@command("export_git")
+@command("export_git", durable=True)
 async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     branch = cmd.get("branch")
     if branch is not None and not isinstance(branch, str):

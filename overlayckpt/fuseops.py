@@ -23,7 +23,7 @@ from . import behind, kcache
 from .control import VIEW_INO_BASE, ControlFs, VirtualAttr
 from .errors import FsError
 from .journal import Caller
-from .overlay import Overlay
+from .overlay import Overlay, make_durable
 from .records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
 log = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
-        self.ov.store.sync()
+        await make_durable(self.ov.store)
         ino = fh ^ KERNEL_HANDLE if fh & KERNEL_HANDLE else self.handles[fh].ino
         failed = self.failed_writes.pop(ino, None)
         if failed is not None:
@@ -421,7 +421,7 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        self.ov.store.sync()
+        await make_durable(self.ov.store)
 
     @translate_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

@@ -21,6 +21,7 @@ from .apply import apply_live
 from .control import ControlFs
 from .errors import UserError
 from .fuseops import Operations
+from .overlay import make_durable
 from .maintenance import DEFAULT_BUDGET, thin
 from .session import Session, read_info, write_info
 from .views import CheckpointViews
@@ -70,8 +71,7 @@ class Daemon:
         ticks = 0
         while True:
             await trio.sleep(SYNC_INTERVAL)
-            # in a thread: an fsync of many dirty pages must not stall requests
-            await trio.to_thread.run_sync(self.session.store.sync)
+            await make_durable(self.session.store)
             ticks += 1
             if ticks % RETENTION_EVERY == 0:
                 thin(self.session.store, DEFAULT_BUDGET)

@@ -17,6 +17,8 @@ import stat
 from collections.abc import Callable
 from typing import TypeVar
 
+import trio
+
 from .errors import FsError
 from .journal import Caller, append, ensure_origin_checkpoint, now_ns
 from .lower import Lower
@@ -429,3 +431,11 @@ class Overlay(Tree):
                 m.w.put(b"meta", WRITE_BEHIND_KEY, logged)
             return len(data)
         return self._mutate(caller, "write", fn)
+
+
+async def make_durable(store: Store) -> None:
+    """A sync point (store.py), its fdatasync off the request loop: it may take long."""
+    point = store.sync_begin()
+    if point is not None:
+        await trio.to_thread.run_sync(store.sync_flush, point)
+    store.sync_end()

@@ -30,6 +30,8 @@ CONTROL_INO_BASE = 1 << 62
 
 # meta key: how far the write-behind log (behind.py) has been stored
 WRITE_BEHIND_KEY = b"write_behind"
+# meta key: the repo's absolute path, should session.json be lost
+REPO_KEY = b"repo"
 
 CONTROL_NAME = b".overlayckpt"
 WHITEOUT = b"\0" * 8  # dirent value that hides a lower entry

@@ -16,8 +16,10 @@ from typing import Any
 from . import kcache
 from .errors import UserError
 from .lower import Lower
-from .overlay import Overlay
+from .overlay import Overlay, make_durable
+from .records import REPO_KEY
 from .store import Store
+from .synced import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +43,27 @@ def read_info(store_dir: str) -> dict[str, Any]:
 
 
 def write_info(store_dir: str, info: dict[str, Any]) -> None:
+    """Durably: after a power cut every --store command still finds the session (and
+    the repo path is kept in the store too, see Session.open)."""
     tmp = os.path.join(store_dir, INFO_FILE + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, os.path.join(store_dir, INFO_FILE))
+    fsync_dir(store_dir)
 
 
 Handler = Callable[["Session", dict[str, Any]], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
+DURABLE: set[str] = set()  # commands whose changes survive a power cut once they answer
 
 
-def command(name: str) -> Callable[[Handler], Handler]:
+def command(name: str, durable: bool = False) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
+        if durable:
+            DURABLE.add(name)
         return fn
     return register
 
@@ -78,11 +88,15 @@ class Session:
              block_size: int | None = None, window: float | None = None,
              mountpoint: str | None = None) -> "Session":
         info = read_info(store_dir)
-        if repo is None:
-            repo = info.get("repo")
-            if not repo:
-                raise UserError(f"{store_dir} is not an overlayckpt session store")
+        if repo is None and not os.path.exists(os.path.join(store_dir, "data.mdb")):
+            raise UserError(f"{store_dir} is not an overlayckpt session store")
         store = Store.open(store_dir, create=create, block_size=block_size)
+        if repo is None:
+            raw = store.read(lambda r: r.get(b"meta", REPO_KEY))
+            repo = info.get("repo") or (raw.decode(errors="surrogateescape") if raw else None)
+            if not repo:
+                store.close()
+                raise UserError(f"{store_dir} is not an overlayckpt session store")
         try:
             from .apply import pin_lookup
             lower = Lower(repo, pin_lookup(store))
@@ -93,8 +107,15 @@ class Session:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
         try:
-            from .behind import recover
-            recover(overlay, store_dir)  # what a killed daemon acknowledged and never stored
+            from .behind import discard, recover
+            if store.cache_lost:
+                discard(store_dir)  # its pages may be a mix of old and new: never replayed
+            else:
+                recover(overlay, store_dir)  # what a killed daemon acknowledged, never stored
+            absrepo = os.fsencode(os.path.realpath(repo))
+            if store.read(lambda r: r.get(b"meta", REPO_KEY)) != absrepo:
+                store.write(lambda w: w.put(b"meta", REPO_KEY, absrepo))
+                store.sync()
         except Exception:
             store.close()
             lower.close()
@@ -113,7 +134,10 @@ class Session:
         handler = COMMANDS.get(name)  # type: ignore[arg-type]
         if handler is None:
             raise UserError(f"unknown command {name!r}; known: {', '.join(sorted(COMMANDS))}")
-        return await handler(self, cmd)
+        result = await handler(self, cmd)
+        if name in DURABLE:
+            await make_durable(self.store)
+        return result
 
     def status(self) -> dict[str, Any]:
         from .timeline import Timeline
