@@ -15,9 +15,10 @@ O_NOFOLLOW, never following a symlink out of the repo.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 
@@ -167,13 +168,15 @@ class Applier:
                 continue
             try:
                 live_ino = self.ov.resolve(state, os.fsdecode(path))
-                node = self.ov.node(state, live_ino)
-                wanted = self.ov.read_all(state, live_ino, node) if node.is_reg else None
+                node: Node | None = self.ov.node(state, live_ino)
             except FsError:
-                wanted = None
+                node = None
+            if node is None or not node.is_reg or node.size != real.st_size:
+                conflicts.append(path)
+                continue
             fd = openat2_beneath(self.fd, path, os.O_RDONLY)
             try:
-                same = wanted is not None and os.pread(fd, real.st_size + 1, 0) == wanted
+                same = self._same_content(fd, state, live_ino, node)
             finally:
                 os.close(fd)
             if not same:
@@ -284,11 +287,10 @@ class Applier:
         if (st is not None and not self.ov.has_record(state, ino) and node.origin == path
                 and not self._pinned(path)):
             return  # untouched original lower file at its own place
-        data = self.ov.read_all(state, ino, node)
-        if st is not None and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == stat.S_IMODE(node.mode):
+        if st is not None and st.st_size == node.size and stat.S_IMODE(st.st_mode) == stat.S_IMODE(node.mode):
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
             try:
-                same = os.pread(fd, len(data) + 1, 0) == data
+                same = self._same_content(fd, state, ino, node)
             finally:
                 os.close(fd)
             if same:
@@ -298,7 +300,7 @@ class Applier:
         tmp = b".overlayckpt-apply-" + name[:200]
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         try:
-            os.write(fd, data) if len(data) < (1 << 30) else None
+            self._write_content(fd, state, ino, node)
             os.fchmod(fd, stat.S_IMODE(node.mode))
             os.fsync(fd)
         finally:
@@ -306,6 +308,40 @@ class Applier:
         os.utime(tmp, ns=(node.atime_ns, node.mtime_ns), dir_fd=dfd, follow_symlinks=False)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         self.stats["written"] += 1
+
+    # -- file content, streamed ---------------------------------------------------
+
+    def _pieces(self, state: Any, ino: int, node: Node) -> Iterator[tuple[int, bytes]]:
+        """The file's content in CHUNK pieces: a file of any size is never held whole."""
+        for off in range(0, node.size, CHUNK):
+            yield off, self.ov.read(state, ino, node, off, CHUNK)
+
+    def _same_content(self, fd: int, state: Any, ino: int, node: Node) -> bool:
+        for off, piece in self._pieces(state, ino, node):
+            if os.pread(fd, len(piece), off) != piece:
+                return False
+        return os.pread(fd, 1, node.size) == b""
+
+    def _write_content(self, fd: int, state: Any, ino: int, node: Node) -> None:
+        """Write into a new empty file; zero pieces stay holes, so a sparse file stays sparse."""
+        for off, piece in self._pieces(state, ino, node):
+            if piece != _ZEROS[:len(piece)]:
+                write_all(fd, piece, off)
+        os.ftruncate(fd, node.size)
+
+
+CHUNK = 1 << 20
+_ZEROS = bytes(CHUNK)
+
+
+def write_all(fd: int, data: bytes, off: int) -> None:
+    """pwrite until every byte is written: a write may be short (a signal, a nearly full disk)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, off)
+        if n == 0:  # no progress and no error: never loop forever
+            raise OSError(errno.EIO, "short write made no progress")
+        view, off = view[n:], off + n
 
 
 def seen_fingerprint(st: os.stat_result | None) -> list[int]:

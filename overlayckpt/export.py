@@ -853,18 +853,25 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | 
     if files is None:  # a bundle from before lower_files: only the same directory will do
         check_repo(header, repo)
         return None
+    # a number given out by the overlay (a pin an earlier import renumbered) is no repo's
+    files = [f for f in files if ROOT_INO < f[0] < FIRST_UPPER_INO]
     dirfd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        # the same directory: nothing to hash or rewrite, exactly as before lower_files
+        # the same directory: nothing to hash or rewrite, exactly as before lower_files; a
+        # pinned path counts too: gone, its number may now be another file's
         if all((found := entry_identity(dirfd, path, content=False)) is not None
-               and lower_ino(found[0].st_ino) == ino for ino, path, kind, *_ in files if kind is not None):
+               and lower_ino(found[0].st_ino) == ino for ino, path, *_ in files):
             return None
         inos: dict[int, int] = {}
+        absent: list[int] = []
         identity = identities(dirfd)
         for ino, path, kind, size, digest in files:
             found = identity(path) if kind is not None else entry_identity(dirfd, path, content=False)
             if kind is None:  # pinned: the store keeps the original, any content will do
-                inos[ino] = lower_ino(found[0].st_ino) if found is not None else ino
+                if found is not None:
+                    inos[ino] = lower_ino(found[0].st_ino)
+                else:
+                    absent.append(ino)  # never keep its number: here it may be another file's
                 continue
             if found is None or found[1] != [kind, size, digest]:
                 why = ("is missing" if found is None else "is another type of file"
@@ -891,7 +898,7 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> _Remap | 
             raise UserError(f"{a} and {b} are one file (hard links) in {repo} but not in the repo "
                             "this session was recorded on: import into a checkout where they are "
                             "separate files (--repo)")
-    return _Remap(inos, seen, bundle_path)
+    return _Remap(inos, seen, bundle_path, absent)
 
 
 class _Remap:
@@ -899,10 +906,32 @@ class _Remap:
 
     They are: the keys of nodes, dirents, bmap and xattrs (the inode comes first), dirent
     values, a node's parent hint, the same in journal undo entries, a pin's st_ino and the
-    inode `seen` fingerprints. Root, upper and control inodes never change."""
+    inode `seen` fingerprints. Root, upper and control inodes never change.
 
-    def __init__(self, inos: dict[int, int], seen: dict[bytes, list[int]], path: str) -> None:
+    A pinned path the target lacks gets a fresh overlay number (from `next_ino`), never its
+    recorded one: the target may have given that number to another file, which the mount
+    would then serve with the pinned file's content. meta, the first table of a bundle,
+    gives `next_ino` before any row that holds an inode."""
+
+    def __init__(self, inos: dict[int, int], seen: dict[bytes, list[int]], path: str,
+                 absent: list[int]) -> None:
         self.inos, self.seen, self.path = inos, seen, path
+        self.absent = absent
+        self.next_ino: int | None = None  # the bundle's, once its meta row has passed
+        self.numbered = False
+
+    def _number_absent(self) -> None:
+        base = FIRST_UPPER_INO if self.next_ino is None else self.next_ino
+        for i, ino in enumerate(self.absent):
+            self.inos[ino] = base + i
+        self.numbered = True
+
+    def meta_rows(self) -> list[tuple[bytes, bytes]]:
+        """What to add to meta after the load: next_ino past the fresh numbers, if the
+        bundle had none (its session never created a file)."""
+        if self.absent and self.next_ino is None:
+            return [(b"next_ino", u64(FIRST_UPPER_INO + len(self.absent)))]
+        return []
 
     def ino(self, ino: int, hint: bool = False) -> int:
         if not ROOT_INO < ino < FIRST_UPPER_INO:
@@ -949,6 +978,16 @@ class _Remap:
         return key, value
 
     def row(self, table: bytes, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+        if table == b"meta":
+            if key != b"next_ino":
+                return key, value
+            if self.numbered or len(value) != 8:
+                raise UserError(f"{self.path} is damaged (its meta table is out of place): "
+                                "export the bundle again")
+            self.next_ino = from_u64(value)
+            return key, u64(self.next_ino + len(self.absent))
+        if not self.numbered:
+            self._number_absent()
         key, new = self.entry(table, key, value)
         return key, new if new is not None else value
 
@@ -1040,6 +1079,8 @@ def _load(store: Store, bundle: _Bundle, remap: _Remap | None = None) -> dict[st
         if len(batch) >= 20000 or size >= 64 << 20:
             flush()
             size = 0
+    if remap is not None:
+        batch += [(b"meta", key, value) for key, value in remap.meta_rows()]
     if batch:
         flush()
     expected = getattr(bundle, "trailer", {}).get("counts")

@@ -245,6 +245,9 @@ class Overlay(Tree):
 
     def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:
         """rename(2) incl. RENAME_NOREPLACE and RENAME_EXCHANGE. Returns the replaced inode."""
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            # e.g. RENAME_WHITEOUT: doing a plain rename instead would silently differ from Linux
+            raise FsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
         self._check_name(p2, n2)
         self._check_name(p1, n1)
 

@@ -6,6 +6,7 @@ a bundle is the original session: every view and every restore must match.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -450,6 +451,87 @@ def test_bundle_import_into_another_checkout(repo: Path, mount_factory, tmp_path
         assert tree_digest(str(checkout)) == final
     finally:
         (tmp_path / "recorded").rename(repo)  # for the first session's fsck at teardown
+
+
+def offline(session_dir: Path, repo: Path, cmd: dict) -> dict:
+    """One command against a session opened without a mount, as the CLI does offline."""
+    import trio
+
+    from overlayckpt.session import Session
+    s = Session.open(str(session_dir), str(repo), create=True)
+    try:
+        return trio.run(s.command, cmd)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("target", ["same", "copy"])
+def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_path: Path,
+                                                                         target: str) -> None:
+    """A pinned file the target lacks must not keep its recorded inode number: there another
+    file has exactly that number (as when ext4 reuses a freed number during `cp -a`; here the
+    recorded file's inode, kept alive outside the repo, is moved over a file the session never
+    touched, with that file's content), and it shows its own content, not the pinned one."""
+    from overlayckpt.apply import apply_live
+    from overlayckpt.export import import_bundle
+    from overlayckpt.journal import Caller
+    from overlayckpt.records import ROOT_INO
+    from overlayckpt.session import Session
+    from overlayckpt.timeline import Timeline
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "victim.txt").write_bytes(b"the deleted file\n")
+    (repo / "kept.txt").write_bytes(b"referenced\n")
+    (repo / "other.txt").write_bytes(b"unrelated\n")
+    number = os.lstat(repo / "victim.txt").st_ino
+    bundle = tmp_path / "session.bundle"
+    store = tmp_path / "store"
+    assert offline(store, repo, {"cmd": "checkpoint", "name": "before"})["name"] == "before"
+    s = Session.open(str(store), str(repo))
+    try:
+        me, ov = Caller(os.getpid(), "test"), s.overlay
+        ov.write(me, ov.live(lambda r: ov.resolve(r, "kept.txt")), 0, b"R")
+        ov.remove(me, ROOT_INO, b"victim.txt", False)
+        os.link(repo / "victim.txt", tmp_path / "alive")  # the inode outlives apply's unlink
+        apply_live(s)  # pins victim.txt (with its number) and removes it from the repo
+    finally:
+        s.close()
+    offline(store, repo, {"cmd": "export_bundle", "path": str(bundle)})
+    checkout = repo
+    if target == "copy":
+        checkout = tmp_path / "checkout"
+        subprocess.run(["cp", "-a", str(repo), str(checkout)], check=True)
+    os.rename(tmp_path / "alive", checkout / "other.txt")  # the same content, the pinned number
+    (checkout / "other.txt").write_bytes(b"unrelated\n")
+    assert os.lstat(checkout / "other.txt").st_ino == number
+
+    imported = tmp_path / "store-imp"
+    import_bundle(str(bundle), str(imported), str(checkout))
+    s = Session.open(str(imported), str(checkout))
+    try:
+        ov = s.overlay
+        assert ov.live(lambda r: sorted(n for n, _, _ in ov.entries(r, ROOT_INO))) == [b"kept.txt", b"other.txt"]
+        ino = ov.live(lambda r: ov.resolve(r, "other.txt"))
+        assert ov.live(lambda r: ov.read_all(r, ino)) == b"unrelated\n"
+        assert ov.live(lambda r: ov.read_all(r, ov.resolve(r, "kept.txt"))) == b"Referenced\n"
+        tl = Timeline(s)
+        pinned = s.store.read(lambda r: ov.resolve(tl.state(r, tl.get(r, "before")), "victim.txt"))
+        created, _ = ov.create(Caller(os.getpid(), "test"), ROOT_INO, b"new.txt", 0o100644, 0, 0)
+        assert len({number, pinned, created}) == 3  # the fresh number is the overlay's own
+    finally:
+        s.close()
+    shown = offline(imported, checkout, {"cmd": "show", "id": "before", "path": "victim.txt"})
+    assert base64.b64decode(shown["content_b64"]) == b"the deleted file\n"
+    shown = offline(imported, checkout, {"cmd": "show", "id": "before", "path": "other.txt"})
+    assert base64.b64decode(shown["content_b64"]) == b"unrelated\n"
+    fsck = offline(imported, checkout, {"cmd": "fsck"})
+    assert fsck["clean"] and not fsck["problems"], fsck
+    # exported again, the renumbered pin is the overlay's own: it stays as it is
+    offline(imported, checkout, {"cmd": "export_bundle", "path": str(tmp_path / "again.bundle")})
+    import_bundle(str(tmp_path / "again.bundle"), str(tmp_path / "store-again"), str(checkout))
+    for path, content in (("victim.txt", b"the deleted file\n"), ("other.txt", b"unrelated\n")):
+        shown = offline(tmp_path / "store-again", checkout, {"cmd": "show", "id": "before", "path": path})
+        assert base64.b64decode(shown["content_b64"]) == content
 
 
 def test_bundle_import_refuses_a_checkout_with_a_changed_file(repo: Path, mount_factory,

@@ -18,6 +18,7 @@ see how often each operation succeeded or failed with which errno.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import random
@@ -774,6 +775,37 @@ def test_rename_errnos(sample: Mount) -> None:
     assert err(lambda: renameat2(m / "README.md", m / "src", RENAME_EXCHANGE)) == "ok"
     assert (m / "src").read_text() == "# demo\n\nhello\n"
     assert (m / "README.md" / "main.py").exists()
+
+
+RENAME_WHITEOUT = 4
+
+
+def test_rename_with_unknown_flags_is_einval(sample: Mount) -> None:
+    m = sample.mnt
+    before = tree_digest(str(m))
+    # as root the kernel passes RENAME_WHITEOUT on to the file system: it must not rename
+    assert outcome(lambda: renameat2(m / "README.md", m / "moved.md", RENAME_WHITEOUT)) == ("err", "EINVAL")
+    assert outcome(lambda: renameat2(m / "README.md", m / "bin.dat", RENAME_WHITEOUT)) == ("err", "EINVAL")
+    assert tree_digest(str(m)) == before
+
+
+def test_overlay_rename_refuses_unknown_flags(tmp_path: Path) -> None:
+    from overlayckpt.errors import FsError
+    from overlayckpt.journal import Caller
+    from overlayckpt.records import ROOT_INO
+    from overlayckpt.session import Session
+    repo = make_repo(tmp_path / "repo")
+    s = Session.open(str(tmp_path / "store"), str(repo), create=True)
+    try:
+        me = Caller(os.getpid(), "test")
+        for flags in (RENAME_WHITEOUT, 8, RENAME_NOREPLACE | RENAME_EXCHANGE):
+            with pytest.raises(FsError) as e:
+                s.overlay.rename(me, ROOT_INO, b"README.md", ROOT_INO, b"moved.md", flags)
+            assert e.value.errno == errno.EINVAL
+        assert s.overlay.live(lambda r: s.overlay.resolve(r, "README.md")) > 0
+        assert s.store.read(lambda r: r.count(b"journal")) == 0  # nothing recorded: nothing changed
+    finally:
+        s.close()
 
 
 def test_rmdir_errnos(sample: Mount) -> None:

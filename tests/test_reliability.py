@@ -4,7 +4,8 @@ Every test mounts for real (the CLI's `mount`, a detached daemon) and waits on
 conditions, never on a fixed sleep: a kill point is "after N fsync-acknowledged
 writes", a stale mount is "stat says ENOTCONN", a restore is over when its reply
 arrives. The long versions live in test_stress.py (`make stress`) and reuse the
-harness below.
+harness below. Apply's own tests (section 5) need no mount: a real Session over
+tmp_path, as the offline commands open it.
 """
 from __future__ import annotations
 
@@ -1430,3 +1431,65 @@ def test_sigterm_stores_acknowledged_writes_before_it_applies(tmp_path: Path) ->
     finally:
         force_unmount(str(repo))
     assert (repo / "burst.bin").read_bytes() == b"".join(blocks)
+
+
+# -- 5. apply never drops content (offline: a real Session over tmp_path) ----------
+
+@contextlib.contextmanager
+def offline_session(tmp_path: Path, repo: Path) -> Iterator[Any]:
+    from overlayckpt.session import Session
+    s = Session.open(str(tmp_path / "store"), str(repo), create=True)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_apply_writes_a_sparse_file_over_1_gib(tmp_path: Path) -> None:
+    from overlayckpt.apply import apply_live
+    from overlayckpt.journal import Caller
+    from overlayckpt.records import ROOT_INO
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    end = (1 << 30) + 5
+    with offline_session(tmp_path, repo) as s:
+        me = Caller(os.getpid(), "test")
+        ino, _ = s.overlay.create(me, ROOT_INO, b"big.img", 0o100644, 0, 0)
+        s.overlay.write(me, ino, 0, b"head")
+        s.overlay.write(me, ino, end, b"tail!")
+        stats = apply_live(s)
+    assert stats["written"] == 1
+    st = os.stat(repo / "big.img")
+    assert st.st_size == end + 5
+    assert st.st_blocks * 512 <= 4 << 20  # the hole stayed a hole (apply writes 1 MiB pieces)
+    with open(repo / "big.img", "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek(end - 3)
+        assert f.read() == b"\0\0\0tail!"
+    assert sorted(os.listdir(repo)) == ["big.img"]  # no temporary file left behind
+
+
+def test_apply_streams_a_file_of_many_blocks_with_mixed_content(tmp_path: Path) -> None:
+    from overlayckpt.apply import apply_live
+    from overlayckpt.journal import Caller
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    rng = random.Random(5)
+    original = rng.randbytes(3 * (1 << 20) + 777)  # more than one apply piece, a partial last block
+    (repo / "mixed.bin").write_bytes(original)
+    want = bytearray(original)
+    with offline_session(tmp_path, repo) as s:
+        me = Caller(os.getpid(), "test")
+        ino = s.overlay.live(lambda r: s.overlay.resolve(r, "mixed.bin"))
+        edits = [(0, rng.randbytes(10)),                   # inside the first block
+                 ((1 << 20) - 3, rng.randbytes(4096 + 6)),  # across a piece boundary
+                 (2 * (1 << 20), bytes(64 * 4096)),         # zero blocks amid the repo's bytes
+                 (len(original) - 5, b"0123456789")]        # past the old end
+        for off, data in edits:
+            s.overlay.write(me, ino, off, data)
+            want[off:off + len(data)] = data
+        s.overlay.setattr(me, ino, size=len(want) + 3 * 4096 + 1)  # a zero tail, a hole
+        want += bytes(3 * 4096 + 1)
+        assert apply_live(s)["written"] == 1
+        assert (repo / "mixed.bin").read_bytes() == want
+        assert apply_live(s)["written"] == 0  # compared piece by piece: nothing differs now
