@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from conftest import CLI, make_repo
-from helpers_faultfs import FaultFsProc, faultfs, is_mounted, wait_for
+from helpers_faultfs import faultfs, is_mounted, wait_for
 
 OLD_AGE = float(os.environ.get("POWERCUT_OLD_AGE", "15"))
 COMMAND_TIMEOUT = 60.0
