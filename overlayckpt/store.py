@@ -191,7 +191,7 @@ class Store:
             if not create:
                 raise UserError(f"no session store at {path}: mount the repo first or check --store")
             try:
-                os.makedirs(path, mode=0o700, exist_ok=True)
+                _make_dirs_durably(path)
             except OSError as e:
                 raise UserError(f"cannot create store {path}: {e.strerror}") from None
         if not os.access(path, os.W_OK | os.X_OK):
@@ -368,6 +368,19 @@ class Store:
 
 _WAY_OUT = ("run 'overlayckpt --store {path} recover' to salvage what can be read into a "
             "new store (the damaged one is kept beside it)")
+
+
+def _make_dirs_durably(path: str) -> None:
+    """makedirs, with each new directory's entry fsync'd in its parent (else a power cut
+    may take the whole store, and a store that vanished would look like a new one)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_dirs_durably(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    synced.fsync_dir(parent)
 
 
 def trust_snapshot(path: str) -> bool:
