@@ -235,12 +235,14 @@ class ControlFs:
     async def _run(self, h: ControlHandle, line: bytes) -> bool:
         try:
             cmd = json.loads(line)
-            if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
-                raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
-            result = await self.session.command(cmd)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
             return False
+        try:
+            if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
+                raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
+            # (a ValueError from inside a command is our bug, not malformed input: below)
+            result = await self.session.command(cmd)
         except (UserError, FsError) as e:
             self._reply(h, {"ok": False, "error": str(e)})
             return False
