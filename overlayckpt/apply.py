@@ -15,7 +15,6 @@ O_NOFOLLOW, never following a symlink out of the repo.
 """
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from .errors import FsError, UserError
 from .lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
 from .records import CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj
 from .store import ReadTxn, Store
+from .synced import pwrite_all
 
 if TYPE_CHECKING:
     from .session import Session
@@ -326,22 +326,12 @@ class Applier:
         """Write into a new empty file; zero pieces stay holes, so a sparse file stays sparse."""
         for off, piece in self._pieces(state, ino, node):
             if piece != _ZEROS[:len(piece)]:
-                write_all(fd, piece, off)
+                pwrite_all(fd, piece, off)
         os.ftruncate(fd, node.size)
 
 
 CHUNK = 1 << 20
 _ZEROS = bytes(CHUNK)
-
-
-def write_all(fd: int, data: bytes, off: int) -> None:
-    """pwrite until every byte is written: a write may be short (a signal, a nearly full disk)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, off)
-        if n == 0:  # no progress and no error: never loop forever
-            raise OSError(errno.EIO, "short write made no progress")
-        view, off = view[n:], off + n
 
 
 def seen_fingerprint(st: os.stat_result | None) -> list[int]:

@@ -24,6 +24,7 @@ The slot with the highest counter whose digest matches is the record.
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def save(fd: int, rec: Record) -> None:
     """Write rec into the slot its counter picks, durably."""
     data = pack(rec)
     assert len(data) <= SLOT
-    _pwrite_all(fd, data, (rec.counter % 2) * SLOT)
+    pwrite_all(fd, data, (rec.counter % 2) * SLOT)
     os.fdatasync(fd)
 
 
@@ -163,15 +164,17 @@ def roll_back(store_dir: str, rec: Record) -> None:
             page = bytearray(rec.meta)
             struct.pack_into("<Q", page, 0, slot)  # mp_pgno
             struct.pack_into("<Q", page, _TXNID_AT, txnid)
-            _pwrite_all(fd, bytes(page), slot * rec.psize)
+            pwrite_all(fd, bytes(page), slot * rec.psize)
         os.fdatasync(fd)
     finally:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite until every byte is written: a write may be short (a signal, a nearly full disk)."""
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+        if n == 0:  # no progress and no error: never loop forever
+            raise OSError(errno.EIO, "short write made no progress")
+        view, offset = view[n:], offset + n

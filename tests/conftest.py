@@ -27,6 +27,21 @@ def run_cli(*args: str, check: bool = True, input: str | None = None, cwd: str |
     return proc
 
 
+def proc_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def daemon_pid(store: Path) -> int | None:
+    try:
+        return json.loads((store / "session.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+
+
 def tree_digest(root: str) -> dict[str, tuple]:
     """Everything observable about a tree: type, mode, size, content hash, link target, xattrs."""
     out: dict[str, tuple] = {}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers_faultfs import faultfs
+from overlayckpt.synced import fsync_dir
 
 PAGE = 4096
 
@@ -26,14 +27,6 @@ def image_of(root: Path) -> dict[str, tuple]:
             else:
                 out[rel] = ("f", st.st_mode & 0o7777, st.st_size, hashlib.blake2b(p.read_bytes()).hexdigest())
     return out
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_synced(path: Path, data: bytes) -> None:

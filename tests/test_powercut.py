@@ -46,7 +46,8 @@ from typing import Any
 
 import pytest
 
-from conftest import CLI, make_repo
+from conftest import CLI, daemon_pid, make_repo, proc_alive
+from overlayckpt.synced import fsync_dir
 from helpers_faultfs import faultfs, is_mounted, wait_for
 
 OLD_AGE = float(os.environ.get("POWERCUT_OLD_AGE", "15"))
@@ -182,21 +183,6 @@ except BaseException as e:  # after the cut every call fails; before it, it must
 
 # -- one cut -------------------------------------------------------------------------
 
-def proc_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def daemon_pid(store: Path) -> int | None:
-    try:
-        return json.loads((store / "session.json").read_text()).get("pid")
-    except (OSError, ValueError):
-        return None
-
-
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """A CLI call that may fail; a hang is a failure in its own right."""
     try:
@@ -304,14 +290,6 @@ def expectations(events: list[dict[str, Any]], cut_at: float, all_durable: bool 
             else f"older than {OLD_AGE:.0f} s"
         expect[path] = ({state for state, *_ in hist[g:]}, f"{why} {hist[g][3]}")
     return expect, named
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def content_hash(path: Path) -> str | None:
@@ -459,7 +437,7 @@ def check_after(out: dict[str, Any], repo: Path, mnt: Path, store: Path,
             rel = p.relative_to(repo)
             try:
                 same = (mnt / rel).read_bytes() == p.read_bytes()
-            except OSError as e:
+            except OSError:
                 same = False
             if not same:
                 out["lost"].append(f"repo file {rel} no longer shows through")

@@ -29,7 +29,9 @@ from typing import Any
 
 import pytest
 
-from conftest import CLI, Mount, force_unmount, is_mounted, make_repo, run_cli, tree_digest
+from conftest import (
+    CLI, Mount, daemon_pid, force_unmount, is_mounted, make_repo, proc_alive, run_cli, tree_digest,
+)
 
 DEADLINE = 60.0  # seconds for any single condition to become true
 
@@ -42,21 +44,6 @@ def wait_for(cond, what: str, timeout: float = DEADLINE, interval: float = 0.01)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
-
-
-def proc_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def daemon_pid(store: Path) -> int | None:
-    try:
-        return json.loads((store / "session.json").read_text()).get("pid")
-    except (OSError, ValueError):
-        return None
 
 
 def stale(path: Path) -> bool:
