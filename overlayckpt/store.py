@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,6 +44,10 @@ TABLES = (b"meta", b"blocks", b"nodes", b"dirents", b"bmap", b"xattrs", b"journa
 # Block values start with one byte saying how the rest is encoded.
 _RAW, _ZSTD = b"\0", b"\1"
 _INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
+# A pin keeps LMDB from reusing any page freed after it, so a burst of commits (a package
+# install) would write every commit to fresh pages until the next sync point: one starts,
+# off the writer's thread, after this many commits since the last.
+AUTO_POINT_COMMITS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +185,9 @@ class Store:
         self._durable = 0  # txnid of the newest recorded snapshot
         self._pins: list[tuple[int, "lmdb.Transaction"]] = []
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
+        self._since_point = 0  # commits since the last sync point began
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
+        self._auto: Future[None] | None = None  # the automatic sync point under way
         if new:
             synced.fsync_dir(path)  # data.mdb and lock.mdb themselves
         self.sync()  # this incarnation's baseline: a crash from now on rolls back no further
@@ -232,6 +240,8 @@ class Store:
         return store
 
     def close(self) -> None:
+        self._finish_auto(wait=True)
+        self._flusher.shutdown()
         point = self.sync_begin()
         if point is None:
             point = SyncPoint(self._durable, self._meta_of(self._durable))
@@ -262,6 +272,25 @@ class Store:
 
         fn must have no effect outside the transaction, since it may run twice.
         """
+        result = self._commit(fn)
+        self._since_point += 1
+        self._finish_auto(wait=False)
+        if self._auto is None and self._since_point >= AUTO_POINT_COMMITS:
+            point = self.sync_begin()
+            if point is not None:
+                self._auto = self._flusher.submit(self.sync_flush, point)
+        return result
+
+    def _finish_auto(self, wait: bool) -> None:
+        if self._auto is None or not (wait or self._auto.done()):
+            return
+        error = self._auto.exception()
+        self._auto = None
+        if error is not None:  # the next sync point tries again, and an fsync reports it
+            log.warning("automatic sync of the store failed: %s", error)
+        self.sync_end()
+
+    def _commit(self, fn: Callable[[WriteTxn], T]) -> T:
         for attempt in range(2):
             try:
                 with self.env.begin(write=True, buffers=False) as txn:
@@ -290,6 +319,7 @@ class Store:
         if self._long_reads:
             raise FsError(errno.ENOSPC, "store map full while a long read (an export or "
                                         "apply) is open: retry when it has finished")
+        self._finish_auto(wait=True)  # its flush relies on its pin
         self.sync()
         self._drop_pins(keep=0)
         new = self.env.info()["map_size"] * 2
@@ -308,6 +338,7 @@ class Store:
 
     def sync_begin(self) -> SyncPoint | None:
         """Pin the newest snapshot (writer's thread); None if it is already durable."""
+        self._since_point = 0
         txn = self.env.begin(buffers=False)
         txnid = txn.id()
         if txnid <= self._durable or (self._pins and self._pins[-1][0] == txnid):
