@@ -1,0 +1,17 @@
+/* The constants Python must agree with, exported so that a test can read them
+ * from the built library (tests/test_kcache_constants.py) instead of trusting
+ * comments: fuseops.KERNEL_HANDLE, records.CONTROL_INO_BASE, and behind.py's
+ * HEADER and WRAPPED for the write-behind log's records. */
+#include "kcache.h"
+
+const uint64_t kcache_KERNEL_HANDLE = KERNEL_HANDLE;
+const uint64_t kcache_ACKNOWLEDGED = ACKNOWLEDGED;
+const uint32_t kcache_WRAPPED = WRAPPED;
+const uint32_t kcache_LARGEST_WRITE_SHARE = LARGEST_WRITE_SHARE;
+
+/* struct record: its size, and each field's offset and size, in the order
+   seq, ino, off, size, pid (the order of behind.HEADER's fields) */
+#define FIELD(name) {offsetof(struct record, name), sizeof(((struct record *)0)->name)}
+const uint32_t kcache_RECORD_SIZE = sizeof(struct record);
+const uint32_t kcache_RECORD_FIELDS = 5;
+const uint32_t kcache_RECORD_LAYOUT[5][2] = {FIELD(seq), FIELD(ino), FIELD(off), FIELD(size), FIELD(pid)};

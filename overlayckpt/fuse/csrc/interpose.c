@@ -1,0 +1,89 @@
+/* libfuse interposition: the functions of libfuse that pyfuse3 calls and this
+ * library stands in for (see kcache.h). Each looks libfuse's own up, leaves any
+ * session but the wrapped one as it is, and hands the rest to the file that owns
+ * it: fastpath.c (the handlers), queue.c (the reader thread and the queue),
+ * behind.c (the answers to acknowledged writes), warm.c (its threads' stop). */
+#include "kcache.h"
+
+struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
+int (*real_fd)(struct fuse_session *);
+int (*real_receive)(struct fuse_session *, struct fuse_buf *);
+void (*real_process)(struct fuse_session *, const struct fuse_buf *);
+void (*real_destroy)(struct fuse_session *);
+int (*real_reply_write)(fuse_req_t, size_t);
+int (*real_reply_err)(fuse_req_t, int);
+
+struct fuse_session *wrapped;  /* the one session whose handlers go through here */
+
+int kcache_sessions_wrapped(void) { return wrapped != NULL; }
+
+static int bind_libfuse(void)
+{
+    void *lib = dlopen("libfuse3.so.3", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL)
+        return -1;
+    real_new = dlsym(lib, "fuse_session_new");
+    real_fd = dlsym(lib, "fuse_session_fd");
+    real_receive = dlsym(lib, "fuse_session_receive_buf");
+    real_process = dlsym(lib, "fuse_session_process_buf");
+    real_destroy = dlsym(lib, "fuse_session_destroy");
+    real_reply_write = dlsym(lib, "fuse_reply_write");
+    real_reply_err = dlsym(lib, "fuse_reply_err");
+    return real_new && real_fd && real_receive && real_process && real_destroy &&
+           real_reply_write && real_reply_err ? 0 : -1;
+}
+
+struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
+                                      size_t op_size, void *userdata)
+{
+    struct fuse_session *se;
+
+    if (real_new == NULL && bind_libfuse() != 0)
+        return NULL;  /* pyfuse3.init raises "fuse_session_new() failed" */
+    if (wrapped != NULL || !fastpath_can_wrap(op, op_size))
+        return real_new(args, op, op_size, userdata);  /* not ours to change: as is */
+    se = real_new(args, fastpath_wrap(op, op_size), op_size, userdata);
+    wrapped = se;
+    return se;
+}
+
+int fuse_session_fd(struct fuse_session *se)
+{
+    if (real_fd == NULL && bind_libfuse() != 0)
+        return -1;
+    if (se != wrapped || real_fd(se) < 0)
+        return real_fd(se);
+    return queue_start(se);
+}
+
+int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf)
+{
+    if (se != wrapped || !queue_started())
+        return real_receive(se, buf);
+    return queue_take(buf);
+}
+
+void fuse_session_destroy(struct fuse_session *se)
+{
+    if (real_destroy == NULL && bind_libfuse() != 0)
+        return;
+    warm_stop_all();
+    if (se == wrapped && queue_started()) {
+        queue_stop();
+        wrapped = NULL;
+    }
+    real_destroy(se);
+}
+
+int fuse_reply_write(fuse_req_t req, size_t count)
+{
+    return drop_acknowledged(req) ? 0 : real_reply_write(req, count);
+}
+
+/* libfuse may answer errors from the reader thread too, which must not read the list */
+int fuse_reply_err(fuse_req_t req, int err)
+{
+    if (behind_count && !in_reader_thread() && drop_acknowledged(req))
+        return 0;
+    return real_reply_err(req, err);
+}

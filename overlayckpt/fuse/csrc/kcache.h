@@ -1,0 +1,118 @@
+/* The requests that need no Python, answered in C: what the files share.
+ *
+ * Every request pyfuse3 serves costs a trip through its loop and our Python
+ * (~45 us on a 2-core VM), and a tree walk (git status, tar, an editor's file
+ * search) is mostly requests whose answer needs no state. Loaded with
+ * RTLD_GLOBAL before pyfuse3 (see kcache.py), this library stands in for four
+ * libfuse functions that pyfuse3 calls:
+ *
+ * - fuse_session_new: wraps eight of pyfuse3's request handlers (fastpath.c).
+ * - fuse_session_fd: starts a reader thread on /dev/fuse and gives pyfuse3 the
+ *   read end of a pipe instead. The thread answers the requests fastpath.c names
+ *   at once and queues every other one, in order, for pyfuse3's loop (queue.c).
+ * - fuse_session_receive_buf: pyfuse3 takes the next queued request.
+ *   kcache_wait_queued lets kcache.py have pyfuse3's loop watch for it here,
+ *   without the GIL, before it waits in trio.
+ * - fuse_session_destroy: stops and joins the thread first.
+ *
+ * The files, one thing each (built into the one extension overlayckpt._kcache):
+ * - interpose.c: the libfuse functions above and fuse_reply_write/fuse_reply_err,
+ *   which only dispatch to the others.
+ * - fastpath.c: which requests C answers, and the wrapped handlers.
+ * - queue.c: the reader thread, the queue pyfuse3 reads from, the wait.
+ * - behind.c: write-behind (writes acknowledged before Python stores them) and
+ *   its log.
+ * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
+ * - constants.c: the constants below that Python must agree with, exported for
+ *   tests/test_kcache_constants.py.
+ */
+#ifndef KCACHE_H
+#define KCACHE_H
+
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 34
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <linux/openat2.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* -- shared with Python (constants.c exports them; the test compares) ---------- */
+
+#define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuseops.KERNEL_HANDLE */
+#define ACKNOWLEDGED (1ULL << 62)   /* on a queued write's handle: answered already;
+                                       records.CONTROL_INO_BASE, above every repo inode */
+
+/* A record of the write-behind log (behind.py reads the same layout: HEADER,
+ * "=QQQII"): the header, then the data padded to 8 bytes. seq is stored last; a
+ * header whose size is WRAPPED says the record is at offset 0, as does a tail too
+ * short for a header. */
+struct record {
+    uint64_t seq;
+    uint64_t ino;
+    uint64_t off;
+    uint32_t size;
+    uint32_t pid;
+};
+#define WRAPPED UINT32_MAX
+#define PAD8(n) (((n) + 7) & ~(uint64_t)7)
+/* the largest write acknowledged is max_behind / LARGEST_WRITE_SHARE (behind.py's
+   LOG_SIZE must be more than twice kcache.MAX_BEHIND plus that) */
+#define LARGEST_WRITE_SHARE 4
+
+/* -- shared between the files (hidden: the library is loaded RTLD_GLOBAL) ------ */
+
+#pragma GCC visibility push(hidden)
+
+/* interpose.c: libfuse's own functions, and the one session whose handlers go
+   through here */
+extern struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
+extern int (*real_fd)(struct fuse_session *);
+extern int (*real_receive)(struct fuse_session *, struct fuse_buf *);
+extern void (*real_process)(struct fuse_session *, const struct fuse_buf *);
+extern void (*real_destroy)(struct fuse_session *);
+extern int (*real_reply_write)(fuse_req_t, size_t);
+extern int (*real_reply_err)(fuse_req_t, int);
+extern struct fuse_session *wrapped;
+
+/* fastpath.c */
+extern uint64_t cache_below;  /* inodes from here on (control, views) are Python's */
+int request_is_fast(const char *mem, size_t len);
+int fastpath_can_wrap(const struct fuse_lowlevel_ops *op, size_t op_size);
+const struct fuse_lowlevel_ops *fastpath_wrap(const struct fuse_lowlevel_ops *op, size_t op_size);
+
+/* queue.c */
+int queue_start(struct fuse_session *se);
+int queue_take(struct fuse_buf *buf);
+void queue_stop(void);
+int queue_started(void);
+int in_reader_thread(void);
+
+/* behind.c */
+extern int behind_count;  /* used only by pyfuse3's thread */
+void acknowledge_write(struct fuse_session *se, char *mem, size_t len);
+void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi);
+int drop_acknowledged(fuse_req_t req);
+
+/* warm.c */
+void warm_stop_all(void);
+
+#pragma GCC visibility pop
+
+#endif

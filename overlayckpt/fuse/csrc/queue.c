@@ -1,0 +1,196 @@
+/* The reader thread and the queue pyfuse3 reads from.
+ *
+ * Once fuse_session_fd is asked for the wrapped session's fd, a thread reads
+ * /dev/fuse, answers what fastpath.c says C answers, acknowledges what behind.c
+ * may (and queues it all the same), and queues every other request, in order;
+ * pyfuse3 is given the read end of a pipe that holds a byte per queued request,
+ * and takes them through fuse_session_receive_buf.
+ */
+#include "kcache.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() do { } while (0)
+#endif
+
+static pthread_t reader;  /* reads /dev/fuse, answers what it can, queues the rest */
+static int reader_started;
+
+struct item {
+    struct item *next;
+    int res;  /* what fuse_session_receive_buf returned: > 0 a request of that size */
+    char mem[];
+};
+
+static volatile sig_atomic_t stopping;
+static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* the last item is kept queued once it is the end; kcache_wait_queued watches head
+   without the lock, so it is stored atomically */
+static struct item *head, *tail;
+
+static void push(int res, const char *mem)
+{
+    struct item *it = malloc(sizeof(*it) + (res > 0 ? (size_t)res : 0));
+    char one = 1;
+
+    if (it == NULL)
+        abort();  /* a request dropped would hang its caller for ever */
+    it->next = NULL;
+    it->res = res;
+    if (res > 0)
+        memcpy(it->mem, mem, (size_t)res);
+    pthread_mutex_lock(&lock);
+    if (tail)
+        tail->next = it;
+    else
+        __atomic_store_n(&head, it, __ATOMIC_RELEASE);
+    tail = it;
+    pthread_mutex_unlock(&lock);
+    while (write(wake[1], &one, 1) < 0 && errno == EINTR && !stopping)
+        ;
+}
+
+static void on_stop_signal(int sig) { (void)sig; }
+
+static void *read_requests(void *arg)
+{
+    struct fuse_session *se = arg;
+    struct fuse_buf buf = {0};
+    sigset_t others;
+    int res;
+
+    /* process-wide signals are the Python main thread's to take */
+    sigfillset(&others);
+    sigdelset(&others, SIGURG);
+    pthread_sigmask(SIG_BLOCK, &others, NULL);
+    for (;;) {
+        res = real_receive(se, &buf);
+        if (res == -EINTR) {
+            if (stopping)
+                break;
+            continue;
+        }
+        if (res <= 0) {
+            push(res, NULL);
+            break;
+        }
+        if (request_is_fast(buf.mem, (size_t)res))
+            real_process(se, &buf);
+        else {
+            acknowledge_write(se, buf.mem, (size_t)res);
+            push(res, buf.mem);
+        }
+    }
+    free(buf.mem);
+    return NULL;
+}
+
+int queue_started(void) { return reader_started; }
+
+int in_reader_thread(void) { return reader_started && pthread_equal(pthread_self(), reader); }
+
+/* For fuse_session_fd of the wrapped session: start the reader; the fd to poll. */
+int queue_start(struct fuse_session *se)
+{
+    struct sigaction sa;
+
+    if (reader_started)
+        return wake[0];
+    /* the read end never blocks pyfuse3's loop; the write end blocks the reader
+       thread if ever 64 KiB of requests wait, so no wake-up is ever lost */
+    if (pipe2(wake, O_CLOEXEC) != 0)
+        return real_fd(se);
+    fcntl(wake[0], F_SETFL, O_NONBLOCK);
+    /* the reader blocks in read(); SIGURG (ignored by default, unused by Python)
+       without SA_RESTART interrupts it when the session is destroyed */
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGURG, &sa, NULL);
+    if (pthread_create(&reader, NULL, read_requests, se) != 0) {
+        close(wake[0]);
+        close(wake[1]);
+        wake[0] = wake[1] = -1;
+        return real_fd(se);
+    }
+    reader_started = 1;
+    return wake[0];
+}
+
+/* For fuse_session_receive_buf of the wrapped session: the next queued request. */
+int queue_take(struct fuse_buf *buf)
+{
+    struct item *it;
+    char one;
+    int res;
+
+    pthread_mutex_lock(&lock);
+    it = head;
+    if (it != NULL && it->res <= 0) {
+        res = it->res;  /* the end: leave it queued and the pipe readable */
+        pthread_mutex_unlock(&lock);
+        return res;
+    }
+    if (it != NULL) {
+        __atomic_store_n(&head, it->next, __ATOMIC_RELEASE);
+        if (head == NULL)
+            tail = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    if (it == NULL)
+        return -EINTR;  /* woken for nothing: pyfuse3 waits again */
+    while (read(wake[0], &one, 1) < 0 && errno == EINTR)
+        ;
+    res = it->res;
+    memmove(it, it->mem, (size_t)res);  /* the request at the start of the block */
+    free(buf->mem);  /* pyfuse3 frees what it holds last; hand it ours */
+    buf->mem = it;
+    buf->size = (size_t)res;
+    buf->flags = 0;
+    buf->pos = 0;
+    return res;
+}
+
+/* Whether a request waits for pyfuse3, watching the queue for up to spin_ns.
+ * kcache.py calls this (without the GIL) where pyfuse3's loop would go back to
+ * trio to wait on the pipe: a trip through trio's lock, scheduler and epoll costs
+ * more than most handlers, and a client's next request often follows our reply
+ * within microseconds. (Sleeping here on a condition variable instead was no
+ * faster, and held trio up: restores, which wait on threads, stalled.) */
+int kcache_wait_queued(long spin_ns)
+{
+    struct timespec start, now;
+
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        if (__atomic_load_n(&head, __ATOMIC_ACQUIRE) != NULL)
+            return 1;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) >= spin_ns)
+            return 0;
+        cpu_relax();
+    }
+}
+
+/* For fuse_session_destroy of the wrapped session: stop and join the reader. */
+void queue_stop(void)
+{
+    struct timespec until;
+
+    stopping = 1;
+    do {  /* a signal that lands outside read() is lost: send it again */
+        pthread_kill(reader, SIGURG);
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20 * 1000 * 1000;
+        if (until.tv_nsec >= 1000 * 1000 * 1000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000 * 1000 * 1000;
+        }
+    } while (pthread_timedjoin_np(reader, NULL, &until) != 0);
+    reader_started = 0;
+    close(wake[0]);
+    close(wake[1]);
+    wake[0] = wake[1] = -1;
+}

@@ -1,0 +1,123 @@
+"""The constants the C library (overlayckpt/fuse/csrc) and Python must agree on,
+read from the built library itself rather than trusted to comments: the marked
+handle, the write-behind mark (which must be CONTROL_INO_BASE, above every repo
+inode), and the layout of a write-behind log record that behind.py replays.
+
+No mount, no root: the library is only loaded, never asked to serve a session.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib
+import importlib.machinery
+import os
+import re
+import struct
+from typing import Any
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Where each Python name lives, today first, then where the restructure may put it.
+KERNEL_HANDLE_IN = ["overlayckpt.fuseops", "overlayckpt.fuse.fuseops", "overlayckpt.fuse.adapter",
+                    "overlayckpt.fuse.handles", "overlayckpt.records"]
+CONTROL_INO_BASE_IN = ["overlayckpt.records", "overlayckpt.core.records"]
+BEHIND_IN = ["overlayckpt.behind", "overlayckpt.core.behind", "overlayckpt.core.replay"]
+KCACHE_IN = ["overlayckpt.kcache", "overlayckpt.fuse.kcache"]
+
+
+def python_constant(modules: list[str], name: str) -> Any:
+    """name from the first of modules that defines it."""
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            # only the module itself (or a parent) missing means "not here"
+            if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+                continue
+            raise
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    pytest.fail(f"{name} is defined in none of {', '.join(modules)}")
+
+
+def library_path() -> str | None:
+    """The built overlayckpt._kcache, looked for as kcache.py does: next to the
+    package in the repo, else next to the overlayckpt that imports."""
+    dirs = [os.path.join(REPO, "overlayckpt")]
+    try:
+        import overlayckpt
+        dirs += [os.path.abspath(d) for d in getattr(overlayckpt, "__path__", [])]
+    except ImportError:
+        pass
+    for here in dirs:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            found = glob.glob(os.path.join(here, "_kcache" + suffix))
+            if found:
+                return found[0]
+    return None
+
+
+@pytest.fixture(scope="module")
+def lib() -> ctypes.CDLL:
+    path = library_path()
+    if path is None:
+        pytest.fail("the kernel-cache library is not built (run 'make install')")
+    return ctypes.CDLL(path)  # RTLD_LOCAL: it stands in for libfuse in no one's place
+
+
+def c_u64(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.c_uint64.in_dll(lib, name).value
+
+
+def c_u32(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.c_uint32.in_dll(lib, name).value
+
+
+def struct_layout(s: struct.Struct) -> list[tuple[int, int]]:
+    """(offset, size) of each field of s, in order."""
+    fmt = s.format if isinstance(s.format, str) else s.format.decode()
+    prefix, codes = (fmt[0], fmt[1:]) if fmt[:1] in "@=<>!" else ("", fmt)
+    fields = []
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", codes):
+        fields += [code] * int(count or 1)
+    return [(struct.calcsize(prefix + "".join(fields[:i])), struct.calcsize(prefix + code))
+            for i, code in enumerate(fields)]
+
+
+def test_kernel_handle(lib: ctypes.CDLL) -> None:
+    assert c_u64(lib, "kcache_KERNEL_HANDLE") == python_constant(KERNEL_HANDLE_IN, "KERNEL_HANDLE")
+
+
+def test_acknowledged_is_the_control_inode_base(lib: ctypes.CDLL) -> None:
+    acknowledged = c_u64(lib, "kcache_ACKNOWLEDGED")
+    assert acknowledged == python_constant(CONTROL_INO_BASE_IN, "CONTROL_INO_BASE")
+    # one bit, which no handle C hands out for a repo inode (below it) can carry
+    assert acknowledged & (acknowledged - 1) == 0
+    assert acknowledged & c_u64(lib, "kcache_KERNEL_HANDLE") == 0
+
+
+def test_write_behind_record_layout(lib: ctypes.CDLL) -> None:
+    header = python_constant(BEHIND_IN, "HEADER")
+    assert c_u32(lib, "kcache_RECORD_SIZE") == header.size
+    count = c_u32(lib, "kcache_RECORD_FIELDS")
+    table = (ctypes.c_uint32 * 2 * count).in_dll(lib, "kcache_RECORD_LAYOUT")
+    c_fields = [(row[0], row[1]) for row in table]
+    # seq, ino, off, size, pid: the order behind.py unpacks them in
+    assert c_fields == struct_layout(header)
+
+
+def test_wrapped(lib: ctypes.CDLL) -> None:
+    assert c_u32(lib, "kcache_WRAPPED") == python_constant(BEHIND_IN, "WRAPPED")
+
+
+def test_log_holds_what_may_wait(lib: ctypes.CDLL) -> None:
+    """C keeps every unstored record from being overwritten only if the log is more
+    than twice the budget plus the largest record it acknowledges."""
+    header = python_constant(BEHIND_IN, "HEADER")
+    log_size = python_constant(BEHIND_IN, "LOG_SIZE")
+    max_behind = python_constant(KCACHE_IN, "MAX_BEHIND")
+    largest = max_behind // c_u32(lib, "kcache_LARGEST_WRITE_SHARE")
+    assert log_size > 2 * max_behind + header.size + (largest + 7) // 8 * 8
