@@ -25,7 +25,7 @@ def make_small_repo(path: Path) -> Path:
     (path / "src" / "main.py").write_text("import pkg.util\nprint(pkg.util.answer())\n")
     (path / "src" / "pkg" / "__init__.py").write_text("")
     (path / "src" / "pkg" / "util.py").write_text("def answer():\n    return 42\n")
-    (path / "docs" / "guide.txt").write_text("line\n" * 5000)  # several 4 KiB blocks
+    (path / "docs" / "guide.txt").write_text("".join(f"line {i}\n" for i in range(3000)))  # 6 blocks
     (path / "bin.dat").write_bytes(bytes(range(256)) * 64 + b"\0" * 8192 + b"tail")
     run = path / "run.sh"
     run.write_text("#!/bin/sh\necho run\n")
