@@ -14,7 +14,7 @@ from overlayckpt.maintenance import fsck
 from overlayckpt.overlay import Overlay
 from overlayckpt.session import Session
 
-from helpers_core import BIG_WINDOW, make_small_repo
+from .helpers_core import BIG_WINDOW, make_small_repo
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from overlayckpt.records import FIRST_UPPER_INO, ROOT_INO
 from overlayckpt.session import Session
 from overlayckpt.timeline import Timeline
 
-from helpers_core import ME, ino, tree_of
+from .helpers_core import ME, ino, tree_of
 
 REG = stat.S_IFREG | 0o644
 

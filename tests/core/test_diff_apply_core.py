@@ -16,7 +16,7 @@ from overlayckpt.records import ROOT_INO
 from overlayckpt.session import Session
 from overlayckpt.timeline import Timeline
 
-from helpers_core import ME, content, ino, native_tree, tree_of
+from .helpers_core import ME, content, ino, native_tree, tree_of
 
 REG = stat.S_IFREG | 0o644
 

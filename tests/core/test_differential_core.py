@@ -19,7 +19,7 @@ from overlayckpt.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
 from overlayckpt.session import Session
 from overlayckpt.timeline import Timeline
 
-from helpers_core import ME, ino, make_small_repo, native_tree, tree_of
+from .helpers_core import ME, ino, make_small_repo, native_tree, tree_of
 
 _libc = ctypes.CDLL(None, use_errno=True)
 AT_FDCWD = -100

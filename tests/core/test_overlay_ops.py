@@ -12,7 +12,7 @@ from overlayckpt.errors import FsError
 from overlayckpt.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
 from overlayckpt.records import CONTROL_NAME, FIRST_UPPER_INO, ROOT_INO
 
-from helpers_core import ME, content, exists, ino, names, node
+from .helpers_core import ME, content, exists, ino, names, node
 
 REG = stat.S_IFREG | 0o644
 DIR = stat.S_IFDIR | 0o755
