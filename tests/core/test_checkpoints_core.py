@@ -293,3 +293,31 @@ async def test_log_command_lists_newest_first_with_files(session: Session) -> No
     assert newest["files"] == [{"path": "README.md", "change": "M"}, {"path": "added.txt", "change": "A"}]
     assert newest["summary"] == "Fix the greeting"
     assert reply["checkpoints"][-1]["id"] == 0
+
+
+def test_each_operation_is_journaled_with_who_what_and_where(session: Session) -> None:
+    ov = session.overlay
+    ov.rename(ME, ROOT_INO, b"README.md", ino(ov, "docs"), b"R.md", 0)
+    ov.remove(OTHER, ROOT_INO, b"run.sh", False)
+    recs = session.store.read(lambda r: records(r, 1, 1 << 62))
+    assert [(r.pid, r.comm, r.op, r.paths, r.changes) for r in recs] == [
+        (ME.pid, ME.comm, "rename", ("docs/R.md", "README.md"), ("R", "<")),
+        (OTHER.pid, OTHER.comm, "unlink", ("run.sh",), ("D",)),
+    ]
+    assert all(r.undo for r in recs)
+
+
+async def test_restore_of_a_directory_path_restores_its_subtree_only(
+        session: Session, hooks: KernelHooks) -> None:
+    ov = session.overlay
+    Timeline(session).checkpoint("start", None, ME)
+    before = tree_of(ov)
+    ov.write(ME, ino(ov, "src/pkg/util.py"), 0, b"BROKEN")
+    ov.remove(ME, ino(ov, "src"), b"main.py", False)
+    ov.create(ME, ino(ov, "src"), b"extra.py", REG, 0, 0)
+    ov.write(ME, ino(ov, "README.md"), 0, b"KEEP")
+    await Timeline(session).restore("start", ME, ["src"], "code")
+    after = tree_of(ov)
+    assert {p: v for p, v in after.items() if p.startswith("src")} == \
+        {p: v for p, v in before.items() if p.startswith("src")}
+    assert after["README.md"][2].startswith(b"KEEP")
