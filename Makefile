@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test stress demo bench bench-quick clean deps
+.PHONY: install test test-fast stress demo bench bench-quick clean deps
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayck
 
 test: install
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
+
+# the in-process tier only (no FUSE, no root): seconds, for while changing code
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider tests/core
 
 stress: install
 	$(PY) -m pytest -q -p no:cacheprovider -m stress tests

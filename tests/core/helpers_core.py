@@ -1,0 +1,93 @@
+"""Helpers of the in-process tier: a small repo, and reading trees from an Overlay or a directory."""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from overlayckpt.errors import FsError
+from overlayckpt.journal import Caller
+from overlayckpt.overlay import Overlay
+
+ME = Caller(4242, "agent")
+OTHER = Caller(4343, "other")
+BIG_WINDOW = 1e9  # seconds: a group only ends when another process writes or it is sealed
+
+
+def make_small_repo(path: Path) -> Path:
+    """A repo with nested dirs, a symlink, a hard link, an executable and a multi-block file."""
+    (path / "src" / "pkg").mkdir(parents=True)
+    (path / "docs").mkdir()
+    (path / "empty").mkdir()
+    (path / "README.md").write_text("# demo\n\nhello\n")
+    (path / "src" / "main.py").write_text("import pkg.util\nprint(pkg.util.answer())\n")
+    (path / "src" / "pkg" / "__init__.py").write_text("")
+    (path / "src" / "pkg" / "util.py").write_text("def answer():\n    return 42\n")
+    (path / "docs" / "guide.txt").write_text("".join(f"line {i}\n" for i in range(3000)))  # 6 blocks
+    (path / "bin.dat").write_bytes(bytes(range(256)) * 64 + b"\0" * 8192 + b"tail")
+    run = path / "run.sh"
+    run.write_text("#!/bin/sh\necho run\n")
+    run.chmod(0o755)
+    (path / "link").symlink_to("README.md")
+    os.link(path / "README.md", path / "hardlink.md")
+    return path
+
+
+# -- helpers on the live tree ------------------------------------------------------
+
+def ino(ov: Overlay, path: str) -> int:
+    return ov.live(lambda r: ov.resolve(r, path))
+
+
+def node(ov: Overlay, path: str) -> Any:
+    return ov.live(lambda r: ov.node(r, ov.resolve(r, path)))
+
+
+def content(ov: Overlay, path: str) -> bytes:
+    return ov.live(lambda r: ov.read_all(r, ov.resolve(r, path)))
+
+
+def names(ov: Overlay, path: str = "") -> list[str]:
+    return ov.live(lambda r: [os.fsdecode(n) for n, _, _ in ov.entries(r, ov.resolve(r, path))])
+
+
+def exists(ov: Overlay, path: str) -> bool:
+    try:
+        ino(ov, path)
+        return True
+    except FsError:
+        return False
+
+
+def tree_of(ov: Overlay, state_fn: Callable[[Any], Any] | None = None) -> dict[str, tuple]:
+    """path -> (kind, permissions, content or target) of a state (the live one by default)."""
+    def fn(r: Any) -> dict[str, tuple]:
+        s = state_fn(r) if state_fn else r
+        out: dict[str, tuple] = {}
+        for path, i, n in ov.walk(s):
+            if n.is_dir:
+                out[path] = ("d", stat.S_IMODE(n.mode))
+            elif n.is_link:
+                out[path] = ("l", ov.readlink(s, i, n))
+            else:
+                out[path] = ("f", stat.S_IMODE(n.mode), ov.read_all(s, i, n))
+        return out
+    return ov.live(fn)
+
+
+def native_tree(root: Path) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("l", os.fsencode(os.readlink(p)))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("d", stat.S_IMODE(st.st_mode))
+            else:
+                out[rel] = ("f", stat.S_IMODE(st.st_mode), Path(p).read_bytes())
+    return dict(sorted(out.items()))
