@@ -109,7 +109,9 @@ def check(graph: Graph) -> list[str]:
     try:
         sorter.prepare()
     except graphlib.CycleError as e:
-        problems.append("import circle: " + " -> ".join(e.args[1]))
+        # graphlib lists each node before the nodes that depend on it: reversed, each
+        # module in the list imports the next
+        problems.append("import circle: " + " -> ".join(reversed(e.args[1])))
     return problems
 
 

@@ -24,7 +24,9 @@ from typing import Any
 from overlayckpt.core.context import Context
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
-from overlayckpt.records import CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj
+from overlayckpt.records import (
+    CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
 from overlayckpt.tables import DIRENTS, NODES, PINNED, SEEN

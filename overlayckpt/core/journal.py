@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from overlayckpt.records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY
+from overlayckpt.tables import (
+    CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY,
+)
 
 
 

@@ -18,7 +18,9 @@ from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
-from overlayckpt.tables import BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DIRENTS, JOURNAL, NAMES, NODES, PINNED, SEQ_KEY
+from overlayckpt.tables import (
+    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DIRENTS, JOURNAL, NAMES, NODES, PINNED, SEQ_KEY,
+)
 
 
 def referenced_blocks(r: ReadTxn) -> set[bytes]:

@@ -19,7 +19,9 @@ from typing import Any
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
 from overlayckpt.errors import FsError, UserError
-from overlayckpt.core.journal import Caller, append_closed, close_open_group, new_checkpoint, next_seq, records
+from overlayckpt.core.journal import (
+    Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
+)
 from overlayckpt.records import (
     ROOT_INO, TABLE_NAMES, Checkpoint, JournalRecord, Node, from_u64, u64,
 )

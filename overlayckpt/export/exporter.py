@@ -59,7 +59,9 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.tables import CONV
 from overlayckpt.export.git import Git, Stream, last_line, parse_trailers
-from overlayckpt.export.gitnames import one_line, person, cquote, git_mode, git_name_ok, git_path_ok, ref_name_ok, session_name
+from overlayckpt.export.gitnames import (
+    one_line, person, cquote, git_mode, git_name_ok, git_path_ok, ref_name_ok, session_name,
+)
 
 log = logging.getLogger(__name__)
 

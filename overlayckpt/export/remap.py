@@ -11,8 +11,13 @@ from typing import Any
 
 from overlayckpt.core.apply import seen_fingerprint
 from overlayckpt.errors import UserError
-from overlayckpt.records import FIRST_UPPER_INO, LOWER_INO_ONE, ROOT_INO, TABLE_NAMES, WHITEOUT, JournalRecord, Node, from_u64, lower_ino, pack_obj, u64, unpack_obj
-from overlayckpt.tables import BMAP, DIRENTS, JOURNAL, META, NEXT_INO_KEY, NODES, PINNED, SEEN, XATTRS
+from overlayckpt.records import (
+    FIRST_UPPER_INO, LOWER_INO_ONE, ROOT_INO, TABLE_NAMES, WHITEOUT, JournalRecord, Node,
+    from_u64, lower_ino, pack_obj, u64, unpack_obj,
+)
+from overlayckpt.tables import (
+    BMAP, DIRENTS, JOURNAL, META, NEXT_INO_KEY, NODES, PINNED, SEEN, XATTRS,
+)
 from overlayckpt.export.identity import entry_identity, identities
 
 

@@ -30,7 +30,7 @@ _NAME_LINK = -1  # pseudo inode of a name symlink
 
 class CheckpointViews:
     def __init__(self, ctx: Context) -> None:
-        self.s = ctx
+        self.ctx = ctx
         self.tl = Timeline(ctx)
         self._ino: dict[tuple[int, int | str], int] = {}
         self._key: dict[int, tuple[int, int | str]] = {}
@@ -78,11 +78,11 @@ class CheckpointViews:
         def run(r: ReadTxn) -> Any:
             _, state = self._state(r, cid)
             return fn(state)
-        return self.s.store.read(run)
+        return self.ctx.store.read(run)
 
     def _attrs(self, cid: int, real: int, state: Any) -> pyfuse3.EntryAttributes:
-        node = self.s.overlay.node(state, real)
-        return entry_attrs(self._view_ino(cid, real), node, self.s.overlay.bs)
+        node = self.ctx.overlay.node(state, real)
+        return entry_attrs(self._view_ino(cid, real), node, self.ctx.overlay.bs)
 
     def _name_attrs(self, name: str, cid: int) -> pyfuse3.EntryAttributes:
         ino = self._view_ino(cid, f"name:{name}")
@@ -104,7 +104,7 @@ class CheckpointViews:
             def by_name(r: ReadTxn) -> int | None:
                 raw = r.get(NAMES, name)
                 return from_u64(raw) if raw else None
-            cid = self.s.store.read(by_name)
+            cid = self.ctx.store.read(by_name)
             if cid is None:
                 raise FsError(errno.ENOENT)
             return self._name_attrs(text, cid)
@@ -113,7 +113,7 @@ class CheckpointViews:
             raise FsError(errno.ENOTDIR)
 
         def fn(state: Any) -> pyfuse3.EntryAttributes:
-            child = self.s.overlay.lookup(state, real, name)
+            child = self.ctx.overlay.lookup(state, real, name)
             return self._attrs(cid, child, state)
         return self._with_state(cid, fn)
 
@@ -136,7 +136,7 @@ class CheckpointViews:
                 return 0
             spread = (r.count(CKPTS) * 1000 + newest.id % 1000) % 1_000_000_000
             return newest.time_ns - newest.time_ns % 1_000_000_000 + spread
-        return self.s.store.read(fn)
+        return self.ctx.store.read(fn)
 
     async def listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
         if ino == CKPTS_INO:
@@ -148,13 +148,13 @@ class CheckpointViews:
                     if ck.name:
                         out.append((ck.name.encode(), self._name_attrs(ck.name, ck.id)))
                 return out
-            return self.s.store.read(fn)
+            return self.ctx.store.read(fn)
         cid, real = self._unview(ino)
         if not isinstance(real, int):
             raise FsError(errno.ENOTDIR)
 
         def entries(state: Any) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
-            ov = self.s.overlay
+            ov = self.ctx.overlay
             out = [(b".", self._attrs(cid, real, state))]
             for name, child, cnode in ov.entries(state, real):
                 node = cnode or ov.node(state, child)
@@ -166,12 +166,12 @@ class CheckpointViews:
         cid, real = self._unview(ino)
         if isinstance(real, str):
             return str(cid).encode()
-        ov = self.s.overlay
+        ov = self.ctx.overlay
         return self._with_state(cid, lambda st: ov.readlink(st, real, ov.node(st, real)))
 
     async def read(self, ino: int, off: int, size: int) -> bytes:
         cid, real = self._unview(ino)
         if isinstance(real, str):
             raise FsError(errno.EINVAL)
-        ov = self.s.overlay
+        ov = self.ctx.overlay
         return self._with_state(cid, lambda st: ov.read(st, real, ov.node(st, real), off, size))

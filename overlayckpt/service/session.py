@@ -1,8 +1,11 @@
-"""One session: its store, its lower, its live overlay, and the commands on them.
+"""One session: its parts (a core Context, built here once), and the answer to a command.
 
 The same `Session` answers commands inside the daemon (through the control
 file) and in the CLI for an unmounted session (`--store`), so both paths run
-the same code. Commands take and return plain JSON-able dicts.
+the same code. Commands take and return plain JSON-able dicts; they are
+registered in registry.py (by commands.py and export_commands.py, which this
+package's __init__ imports). What the mount adds (kernel hooks, read-ahead,
+kernel status) comes in as arguments of `Session.open`, never afterwards.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ class Session:
         self.line_counts: dict[tuple[int, int], tuple[int, int]] = {}  # see commands.log
         self.kernel_status = kernel_status
 
+    # the context's hooks, so that a Session too serves where a Context is taken
     @property
     def invalidate(self) -> Invalidate:
         return self.ctx.invalidate
