@@ -389,7 +389,7 @@ class Overlayckpt(Contender):
 
     Checkpoints and restores go through the daemon's control file, the channel
     the CLI itself uses, held open as a long-running agent integration would
-    (``overlayckpt.client.Connection``), so the numbers are the mechanism's
+    (``overlayckpt.cli.client.Connection``), so the numbers are the mechanism's
     cost; ``checkpoint_cli`` / ``restore_cli`` time the CLI as a user or agent
     hook would run it (process start-up included). Without an importable
     client, everything goes through the CLI.
@@ -407,7 +407,7 @@ class Overlayckpt(Contender):
         self.exe = str(exe) if exe.exists() else (shutil.which("overlayckpt") or "")
         self._conn = None
         try:
-            from overlayckpt.client import Connection  # the CLI's own control-channel client
+            from overlayckpt.cli.client import Connection  # the CLI's own control-channel client
             self._send = Connection
         except Exception as e:  # noqa: BLE001 - any import failure means: use the CLI
             self._send = None

@@ -1,7 +1,9 @@
 """The daemon's composition root: build the parts, mount, serve, unmount, apply.
 
-Order matters for in-place mounts: the repo is opened as a directory fd
-(Session.open -> Lower) before the overlay is mounted on top of it.
+Every part gets its callbacks at construction: the kernel hooks (Kernel) go to
+the session's core context and to the adapter, the C library's read-ahead and
+status to the session. Order matters for in-place mounts: the repo is opened as
+a directory fd (Session.open -> Lower) before the overlay is mounted on top of it.
 """
 from __future__ import annotations
 
@@ -10,21 +12,23 @@ import os
 import signal
 from typing import Any
 
-from . import behind, kcache
+from overlayckpt.core import behind
+from overlayckpt.fuse import kcache
 
 kcache.preload()  # before pyfuse3 binds libfuse (see kcache.py)
 
 import pyfuse3  # noqa: E402
 import trio
 
-from .apply import apply_live
-from .control import ControlFs
-from .errors import UserError
-from .fuseops import Operations
-from .overlay import make_durable
-from .maintenance import DEFAULT_BUDGET, thin
-from .session import Session, read_info, write_info
-from .views import CheckpointViews
+from overlayckpt.core.apply import apply_live
+from overlayckpt.fuse.control import ControlFs
+from overlayckpt.errors import UserError
+from overlayckpt.fuse.ops import Operations
+from overlayckpt.core.overlay import make_durable
+from overlayckpt.core.maintenance import DEFAULT_BUDGET, thin
+from overlayckpt.service.session import Session
+from overlayckpt.store.info import read_info, write_info
+from overlayckpt.fuse.views import CheckpointViews
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +46,16 @@ def mount_options(allow_other: bool) -> set[str]:
     return opts
 
 
-class Daemon:
-    def __init__(self, session: Session, mountpoint: str) -> None:
-        self.session = session
+def kernel_status() -> dict[str, Any]:
+    """What the status command shows of the kernel side (fuse/kcache.py)."""
+    return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead()}
+
+
+class Kernel:
+    """The kernel hooks of the core (core/context.py) for the mount at mountpoint."""
+
+    def __init__(self, mountpoint: str) -> None:
         self.mountpoint = mountpoint
-        session.invalidate = self.invalidate
-        session.flush_kernel = self.flush_kernel
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
         """Drop kernel caches of what a restore changed (in a thread: the kernel
@@ -68,6 +76,13 @@ class Daemon:
     async def flush_kernel(self) -> None:
         """Have the kernel send us every dirty page before a restore."""
         await trio.to_thread.run_sync(pyfuse3.syncfs, self.mountpoint)
+
+
+class Daemon:
+    """Serves the mount: pyfuse3's loop, the sync points and retention, the signals."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
 
     async def _sync_loop(self) -> None:
         ticks = 0
@@ -95,20 +110,20 @@ class Daemon:
 
 def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | None,
                window: float | None, apply_on_exit: bool, allow_other: bool) -> int:
+    kernel = Kernel(os.path.abspath(mountpoint))
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
-                           mountpoint=os.path.abspath(mountpoint))
-    session.apply_on_exit = apply_on_exit
-    daemon = Daemon(session, os.path.abspath(mountpoint))
-    ops = Operations(session.overlay, ControlFs(session, CheckpointViews(session)))
+                           mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
+                           invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
+                           warm=kcache.warm_tree, kernel_status=kernel_status)
+    daemon = Daemon(session)
+    ops = Operations(session.overlay, ControlFs(session, CheckpointViews(session.ctx)),
+                     invalidate=kernel.invalidate, kernel_handles=kcache.active)
     try:
         pyfuse3.init(ops, mountpoint, mount_options(allow_other))
     except RuntimeError as e:
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
-    session.kernel_dir_cache = ops.kernel_handles = kcache.active()
-    ops.invalidate = daemon.invalidate
     kcache.speed_up_loop(pyfuse3)
-    session.lower.warm = kcache.warm_tree
     seq, offset = behind.position(session.store)
     kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)
@@ -124,7 +139,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             # acknowledged writes until the unmount: they are in the log only
             behind.recover(session.overlay, store_dir)
             if session.apply_on_exit:
-                result = {"applied": True, **apply_live(session)}
+                result = {"applied": True, **apply_live(session.ctx)}
         except Exception as e:
             log.exception("apply at unmount failed")
             result = {"applied": False, "error": f"applying to {repo} failed: {e}; the session is "

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgpack
 
+from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
+
 FORMAT_VERSION = 1
 DEFAULT_BLOCK_SIZE = 4096
 
@@ -28,10 +30,6 @@ LOWER_INO_ONE = FIRST_UPPER_INO - 1
 # Virtual inodes of the control directory: never stored, never journaled.
 CONTROL_INO_BASE = 1 << 62
 
-# meta key: how far the write-behind log (behind.py) has been stored
-WRITE_BEHIND_KEY = b"write_behind"
-# meta key: the repo's absolute path, should session.json be lost
-REPO_KEY = b"repo"
 
 CONTROL_NAME = b".overlayckpt"
 WHITEOUT = b"\0" * 8  # dirent value that hides a lower entry
@@ -39,7 +37,7 @@ ZERO_BLOCK = b""  # bmap value for a block known to be all zeros
 
 # Tables whose values the journal's undo entries describe.
 T_NODES, T_DIRENTS, T_BMAP, T_XATTRS = 1, 2, 3, 4
-TABLE_NAMES = {T_NODES: b"nodes", T_DIRENTS: b"dirents", T_BMAP: b"bmap", T_XATTRS: b"xattrs"}
+TABLE_NAMES = {T_NODES: NODES, T_DIRENTS: DIRENTS, T_BMAP: BMAP, T_XATTRS: XATTRS}
 
 # Node flags.
 F_OPAQUE = 1  # directory: do not merge the lower directory's entries

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from overlayckpt import synced
+from overlayckpt.store import synced
 from overlayckpt.errors import StoreDamaged
-from overlayckpt.records import REPO_KEY
-from overlayckpt.store import Store
+from overlayckpt.tables import REPO_KEY
+from overlayckpt.store.lmdbstore import Store
 
 TABLE = b"conv"
 PAGE = 4096

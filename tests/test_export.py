@@ -457,7 +457,7 @@ def offline(session_dir: Path, repo: Path, cmd: dict) -> dict:
     """One command against a session opened without a mount, as the CLI does offline."""
     import trio
 
-    from overlayckpt.session import Session
+    from overlayckpt.service.session import Session
     s = Session.open(str(session_dir), str(repo), create=True)
     try:
         return trio.run(s.command, cmd)
@@ -472,12 +472,12 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
     file has exactly that number (as when ext4 reuses a freed number during `cp -a`; here the
     recorded file's inode, kept alive outside the repo, is moved over a file the session never
     touched, with that file's content), and it shows its own content, not the pinned one."""
-    from overlayckpt.apply import apply_live
-    from overlayckpt.export import import_bundle
-    from overlayckpt.journal import Caller
+    from overlayckpt.core.apply import apply_live
+    from overlayckpt.export.importer import import_bundle
+    from overlayckpt.core.journal import Caller
     from overlayckpt.records import ROOT_INO
-    from overlayckpt.session import Session
-    from overlayckpt.timeline import Timeline
+    from overlayckpt.service.session import Session
+    from overlayckpt.core.timeline import Timeline
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "victim.txt").write_bytes(b"the deleted file\n")

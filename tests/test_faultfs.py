@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers_faultfs import faultfs
-from overlayckpt.synced import fsync_dir
+from overlayckpt.store.synced import fsync_dir
 
 PAGE = 4096
 

@@ -20,12 +20,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Where each Python name lives, today first, then where the restructure may put it.
-KERNEL_HANDLE_IN = ["overlayckpt.fuseops", "overlayckpt.fuse.fuseops", "overlayckpt.fuse.adapter",
-                    "overlayckpt.fuse.handles", "overlayckpt.records"]
-CONTROL_INO_BASE_IN = ["overlayckpt.records", "overlayckpt.core.records"]
-BEHIND_IN = ["overlayckpt.behind", "overlayckpt.core.behind", "overlayckpt.core.replay"]
-KCACHE_IN = ["overlayckpt.kcache", "overlayckpt.fuse.kcache"]
+# Where each Python name lives
+KERNEL_HANDLE_IN = ["overlayckpt.fuse.ops"]
+CONTROL_INO_BASE_IN = ["overlayckpt.records"]
+BEHIND_IN = ["overlayckpt.core.behind"]
+KCACHE_IN = ["overlayckpt.fuse.kcache"]
 
 
 def python_constant(modules: list[str], name: str) -> Any:

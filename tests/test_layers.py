@@ -1,43 +1,163 @@
-"""Imports point one way: the core knows nothing of FUSE or the CLI; only store.py touches LMDB."""
+"""The package's layers: imports point one way, no circles, third-party imports in their layer.
+
+Every module of overlayckpt is read with ast; every import counts, wherever it
+stands (module level, inside a function, under TYPE_CHECKING: that is where
+circles hide), relative ones resolved to full module names. Each module gets
+the rank of its folder (or, for a top-level module, its own); a module may
+import only modules of its own rank or below. docs/design.md ("Layers") has
+the table.
+"""
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "overlayckpt"
-CORE = {"records", "errors", "store", "lower", "tree", "overlay", "journal", "timeline",
-        "conversation", "apply", "maintenance", "patch", "session", "commands"}
-UPPER = {"fuseops", "control", "views", "mount", "cli", "cli_timeline", "client", "demo", "rewind"}
+import pytest
+
+PACKAGE = "overlayckpt"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+# rank of each subpackage or top-level module (the first name below overlayckpt)
+RANKS = {
+    "records": 0, "errors": 0, "tables": 0,
+    "store": 1,
+    "core": 2,
+    "export": 3,
+    "service": 4,
+    "fuse": 5,
+    "mount": 6,
+    "cli": 7, "__main__": 7, "demo": 7,
+}
+# the package __init__ (empty) belongs to no layer: nothing may import it for its content
+PACKAGE_RANK = 0
+# third-party modules only these layers (name prefixes of our modules) may import
+RESTRICTED = {
+    "lmdb": ("overlayckpt.store",),
+    "pyfuse3": ("overlayckpt.fuse", "overlayckpt.mount"),
+    "prompt_toolkit": ("overlayckpt.cli.rewind",),
+}
+
+Graph = dict[str, set[str]]  # module -> the modules it imports (ours and third-party)
 
 
-def imports(module: str) -> set[str]:
-    tree = ast.parse((PKG / f"{module}.py").read_text())
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every module `name` (the file at path) imports, at any depth of the file."""
+    is_pkg = path.name == "__init__.py"
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
+            out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level and node.module:
-                out.add("." + node.module.split(".")[0])
-            elif node.level:
-                out |= {"." + a.name for a in node.names}
-            elif node.module:
-                out.add(node.module.split(".")[0])
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                # `from pkg import mod` imports the module pkg.mod when there is one
+                sub = f"{mod}.{a.name}"
+                out.add(sub if sub in known else mod)
     return out
 
 
-def test_core_does_not_import_fuse_or_cli() -> None:
-    for module in CORE:
-        found = imports(module)
-        assert "pyfuse3" not in found, module
-        assert not {"." + u for u in UPPER} & found, (module, found)
+def package_graph() -> Graph:
+    files = {module_name(p): p for p in ROOT.rglob("*.py")}
+    return {name: imports_of(path, name, set(files)) for name, path in files.items()}
 
 
-def test_only_the_store_imports_lmdb() -> None:
-    for path in PKG.glob("*.py"):
-        if path.stem != "store":
-            assert "lmdb" not in imports(path.stem), path.name
+def rank(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    if len(parts) == 1:
+        return PACKAGE_RANK
+    return RANKS.get(parts[1])
 
 
-def test_records_is_the_bottom() -> None:
-    assert not {i for i in imports("records") if i.startswith(".")}
+def check(graph: Graph) -> list[str]:
+    """What is wrong with a module graph: upward imports, modules without a rank,
+    third-party imports outside their layer, a circle. Empty when all is well."""
+    problems = []
+    ours = {m for m in graph if m.split(".")[0] == PACKAGE}
+    for mod in sorted(ours):
+        mine = rank(mod)
+        if mine is None:
+            problems.append(f"{mod} has no rank: add its folder to RANKS")
+            continue
+        for dep in sorted(graph[mod]):
+            top = dep.split(".")[0]
+            if top == PACKAGE:
+                theirs = rank(dep)
+                if theirs is None:
+                    problems.append(f"{mod} imports {dep}, which has no rank")
+                elif theirs > mine:
+                    problems.append(f"upward import: {mod} (rank {mine}) imports {dep} (rank {theirs})")
+            elif top in RESTRICTED and not any(
+                    mod == p or mod.startswith(p + ".") for p in RESTRICTED[top]):
+                problems.append(f"{mod} imports {top}, allowed only in {', '.join(RESTRICTED[top])}")
+    sorter = graphlib.TopologicalSorter({m: {d for d in graph[m] if d in ours and d != m}
+                                         for m in ours})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as e:
+        # graphlib lists each node before the nodes that depend on it: reversed, each
+        # module in the list imports the next
+        problems.append("import circle: " + " -> ".join(reversed(e.args[1])))
+    return problems
+
+
+def test_the_package_is_layered() -> None:
+    graph = package_graph()
+    assert len(graph) > 40, "the walk found too few modules"
+    problems = check(graph)
+    assert not problems, "\n".join(problems)
+
+
+def test_function_level_and_type_checking_imports_count() -> None:
+    """The circles of the flat package hid in exactly these: make sure they are read."""
+    graph = package_graph()
+    # session.py imports apply inside Session.open
+    assert "overlayckpt.core.apply" in graph["overlayckpt.service.session"]
+    # cli/app.py imports cli.timeline inside build_parser
+    assert "overlayckpt.cli.timeline" in graph["overlayckpt.cli.app"]
+
+
+def test_relative_imports_are_resolved(tmp_path: Path) -> None:
+    pkg = tmp_path / "overlayckpt" / "core"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text(
+        "from . import y\nfrom ..store import lmdbstore\nfrom .y import z\n"
+        "def f():\n    from ..cli import app\n")
+    known = {"overlayckpt.core.y", "overlayckpt.store.lmdbstore", "overlayckpt.cli.app"}
+    assert imports_of(pkg / "x.py", "overlayckpt.core.x", known) == known
+
+
+@pytest.mark.parametrize("graph, expect", [
+    ({"overlayckpt.core.timeline": {"overlayckpt.service.session"},
+      "overlayckpt.service.session": set()}, "upward import: overlayckpt.core.timeline"),
+    ({"overlayckpt.core.a": {"overlayckpt.core.b"}, "overlayckpt.core.b": {"overlayckpt.core.c"},
+      "overlayckpt.core.c": {"overlayckpt.core.a"}}, "import circle: "),
+    ({"overlayckpt.core.tree": {"lmdb"}}, "overlayckpt.core.tree imports lmdb"),
+    ({"overlayckpt.service.session": {"pyfuse3"}}, "imports pyfuse3"),
+    ({"overlayckpt.cli.app": {"prompt_toolkit"}}, "imports prompt_toolkit"),
+    ({"overlayckpt.newthing.x": set()}, "has no rank"),
+])
+def test_the_check_fails_on_a_bad_graph(graph: Graph, expect: str) -> None:
+    problems = check(graph)
+    assert any(expect in p for p in problems), problems
+
+
+def test_the_check_passes_a_good_graph() -> None:
+    assert check({"overlayckpt.cli.app": {"overlayckpt.core.timeline", "prompt_toolkit.x"} - {
+        "prompt_toolkit.x"}, "overlayckpt.core.timeline": {"overlayckpt.store.lmdbstore", "trio"},
+        "overlayckpt.store.lmdbstore": {"lmdb", "overlayckpt.records"},
+        "overlayckpt.records": set()}) == []

@@ -791,9 +791,9 @@ def test_rename_with_unknown_flags_is_einval(sample: Mount) -> None:
 
 def test_overlay_rename_refuses_unknown_flags(tmp_path: Path) -> None:
     from overlayckpt.errors import FsError
-    from overlayckpt.journal import Caller
+    from overlayckpt.core.journal import Caller
     from overlayckpt.records import ROOT_INO
-    from overlayckpt.session import Session
+    from overlayckpt.service.session import Session
     repo = make_repo(tmp_path / "repo")
     s = Session.open(str(tmp_path / "store"), str(repo), create=True)
     try:

@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from conftest import CLI, daemon_pid, make_repo, proc_alive
-from overlayckpt.synced import fsync_dir
+from overlayckpt.store.synced import fsync_dir
 from helpers_faultfs import faultfs, is_mounted, wait_for
 
 OLD_AGE = float(os.environ.get("POWERCUT_OLD_AGE", "15"))

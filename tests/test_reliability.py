@@ -431,7 +431,7 @@ def test_crash_during_restore(tmp_path: Path, rounds: int = 2, seed: int = 11) -
 
 def add_garbage_blocks(store: Path, n: int) -> None:
     """Unreferenced blocks, put straight into an unmounted store, for gc to reclaim."""
-    from overlayckpt.store import Store
+    from overlayckpt.store.lmdbstore import Store
     s = Store.open(str(store), create=False)
     try:
         rng = random.Random(n)
@@ -893,7 +893,7 @@ def test_store_locked_without_session_info(tmp_path: Path) -> None:
 
 
 def test_store_from_a_newer_format(tmp_path: Path) -> None:
-    from overlayckpt.store import Store
+    from overlayckpt.store.lmdbstore import Store
     m = _unmounted_session(tmp_path)
     s = Store.open(str(m.store))
     try:
@@ -1424,7 +1424,7 @@ def test_sigterm_stores_acknowledged_writes_before_it_applies(tmp_path: Path) ->
 
 @contextlib.contextmanager
 def offline_session(tmp_path: Path, repo: Path) -> Iterator[Any]:
-    from overlayckpt.session import Session
+    from overlayckpt.service.session import Session
     s = Session.open(str(tmp_path / "store"), str(repo), create=True)
     try:
         yield s
@@ -1433,8 +1433,8 @@ def offline_session(tmp_path: Path, repo: Path) -> Iterator[Any]:
 
 
 def test_apply_writes_a_sparse_file_over_1_gib(tmp_path: Path) -> None:
-    from overlayckpt.apply import apply_live
-    from overlayckpt.journal import Caller
+    from overlayckpt.core.apply import apply_live
+    from overlayckpt.core.journal import Caller
     from overlayckpt.records import ROOT_INO
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -1457,8 +1457,8 @@ def test_apply_writes_a_sparse_file_over_1_gib(tmp_path: Path) -> None:
 
 
 def test_apply_streams_a_file_of_many_blocks_with_mixed_content(tmp_path: Path) -> None:
-    from overlayckpt.apply import apply_live
-    from overlayckpt.journal import Caller
+    from overlayckpt.core.apply import apply_live
+    from overlayckpt.core.journal import Caller
     repo = tmp_path / "repo"
     repo.mkdir()
     rng = random.Random(5)

@@ -8,7 +8,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import Mount
-from overlayckpt.rewind import build_app
+from overlayckpt.cli.rewind import build_app
 
 
 def drive(m: Mount, keys: list[str]) -> tuple[object, object]:

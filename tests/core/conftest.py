@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from overlayckpt.maintenance import fsck
-from overlayckpt.overlay import Overlay
-from overlayckpt.session import Session
+from overlayckpt.core.maintenance import fsck
+from overlayckpt.core.overlay import Overlay
+from overlayckpt.service.session import Session
 
 from .helpers_core import BIG_WINDOW, make_small_repo
 

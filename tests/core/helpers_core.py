@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from overlayckpt.errors import FsError
-from overlayckpt.journal import Caller
-from overlayckpt.overlay import Overlay
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.overlay import Overlay
 
 ME = Caller(4242, "agent")
 OTHER = Caller(4343, "other")

@@ -2,6 +2,8 @@
 conversation sidecar, in process over a real store."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import stat
 from pathlib import Path
@@ -9,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from overlayckpt.conversation import all_lines, live_lines, parse_line
+from overlayckpt.core.conversation import all_lines, live_lines, parse_line
 from overlayckpt.errors import UserError
-from overlayckpt.journal import Caller, records
+from overlayckpt.core.journal import Caller, records
 from overlayckpt.records import ROOT_INO
-from overlayckpt.session import Session
-from overlayckpt.timeline import Timeline
+from overlayckpt.service.session import Session
+from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, OTHER, content, exists, ino, native_tree, tree_of
 
@@ -42,8 +44,8 @@ class KernelHooks:
 @pytest.fixture
 def hooks(session: Session) -> KernelHooks:
     h = KernelHooks()
-    session.flush_kernel = h.flush_kernel
-    session.invalidate = h.invalidate
+    # as the mount gives them at Session.open: into the session's context
+    session.ctx = dataclasses.replace(session.ctx, flush_kernel=h.flush_kernel, invalidate=h.invalidate)
     return h
 
 

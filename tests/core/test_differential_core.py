@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from overlayckpt.errors import FsError
-from overlayckpt.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
-from overlayckpt.session import Session
-from overlayckpt.timeline import Timeline
+from overlayckpt.core.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
+from overlayckpt.service.session import Session
+from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, ino, make_small_repo, native_tree, tree_of
 

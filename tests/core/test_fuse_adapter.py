@@ -16,9 +16,9 @@ from typing import Any
 import pyfuse3
 import pytest
 
-from overlayckpt.control import VIEW_INO_BASE
+from overlayckpt.fuse.control import VIEW_INO_BASE
 from overlayckpt.errors import FsError
-from overlayckpt.fuseops import KERNEL_HANDLE, Operations
+from overlayckpt.fuse.ops import KERNEL_HANDLE, Operations
 from overlayckpt.records import CONTROL_INO_BASE, ROOT_INO, Node
 
 

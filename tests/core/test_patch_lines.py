@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from overlayckpt.patch import _opcodes
+from overlayckpt.core.patch import _opcodes
 
 OPS = ("equal", "replace", "delete", "insert")
 

@@ -1,0 +1,106 @@
+"""The CLI's side of the control channel, and the offline path for unmounted stores."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+
+import trio
+
+from overlayckpt.errors import UserError
+
+
+def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Write one command to the daemon's ctl file and return its JSON reply."""
+    with Connection(mountpoint) as conn:
+        return conn.call(cmd)
+
+
+class Connection:
+    """An open ctl handle: any number of commands, each one write and (usually) one read.
+    For a caller that sends many commands; the CLI sends one per process."""
+
+    def __init__(self, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+        try:
+            self.fd = os.open(os.path.join(mountpoint, ".overlayckpt", "ctl"), os.O_RDWR)
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                raise UserError(f"{mountpoint}: the daemon is gone (stale mount); run 'overlayckpt "
+                                "mount' again to recover it") from None
+            raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
+        self.offset = 0  # replies are a stream on the handle, like a socket's
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        try:
+            os.write(self.fd, (json.dumps(cmd) + "\n").encode())
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise UserError(f"daemon at {self.mountpoint} failed: {e.strerror}") from None
+        chunks = []
+        while True:  # the reply is one line: stop at its end, without one more read
+            # small first: the kernel pins every page of a direct-io read buffer, and
+            # faulting in a fresh 1 MiB costs more than the command itself
+            chunk = os.pread(self.fd, 1 << 20 if chunks else 16 << 10, self.offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            self.offset += len(chunk)
+            if chunk.endswith(b"\n"):
+                break
+        lines = b"".join(chunks).decode().strip().splitlines()
+        if not lines:
+            raise UserError(f"daemon at {self.mountpoint} gave no reply")
+        reply = json.loads(lines[-1])
+        if not reply.get("ok"):
+            raise UserError(reply.get("error", "failed"))
+        reply.pop("ok", None)
+        return reply
+
+
+def offline(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Run one command on an unmounted session by opening its store here."""
+    from overlayckpt.service.session import Session
+    session = Session.open(store_dir)
+    try:
+        return trio.run(session.command, cmd)
+    finally:
+        session.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def is_stale(path: str) -> bool:
+    """A mount whose daemon is gone. The root's attributes may still be cached in the
+    kernel, so look at status.json too (its attributes are never cached)."""
+    for p in (path, os.path.join(path, ".overlayckpt", "status.json")):
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                return True
+    return False

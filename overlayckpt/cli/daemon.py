@@ -1,0 +1,238 @@
+"""The commands on the daemon and the store: mount, unmount, run, status, recover.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from overlayckpt.cli import client
+from overlayckpt.errors import UserError
+from overlayckpt.store.info import default_store_dir, read_info
+from overlayckpt.cli.target import Target, emit, find_mount
+
+
+READY_TIMEOUT = 30.0
+
+# -- mount / unmount / run --------------------------------------------------
+
+def clear_stale(path: str) -> None:
+    """A mount whose daemon died answers ENOTCONN: lazily unmount it so we can mount again."""
+    if client.is_stale(path):
+        logging.getLogger(__name__).info("clearing stale mount at %s", path)
+        subprocess.run(["fusermount3", "-uz", path], check=False, capture_output=True)
+
+
+def resolve_repo(repo: str) -> str:
+    clear_stale(repo)
+    if not os.path.exists(repo):
+        raise UserError(f"repo {repo} does not exist: give the directory to overlay")
+    if not os.path.isdir(repo):
+        raise UserError(f"repo {repo} is not a directory: give the directory to overlay")
+    if not os.access(repo, os.R_OK | os.X_OK):
+        raise UserError(f"repo {repo} is not readable")
+    return os.path.realpath(repo)
+
+
+def prepare_mountpoint(mountpoint: str) -> None:
+    clear_stale(mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise UserError(f"mountpoint {mountpoint} is not a directory: create it first")
+    if os.path.exists(os.path.join(mountpoint, ".overlayckpt", "ctl")):
+        raise UserError(f"{mountpoint} is already an overlayckpt mount: unmount it first")
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    repo = resolve_repo(args.repo)
+    mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
+    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    prepare_mountpoint(mountpoint)
+    info = read_info(store)
+    if info.get("repo") and info["repo"] != repo:
+        raise UserError(f"store {store} belongs to repo {info['repo']}, not {repo}: pick another --store")
+    if info.get("pid") and client.pid_alive(info["pid"]):
+        raise UserError(f"store {store} is in use by daemon {info['pid']} at {info.get('mountpoint')}: "
+                        "unmount it first")
+    apply = args.apply if args.apply is not None else mountpoint == repo
+    if args.foreground:
+        from overlayckpt.mount import run_daemon
+        return run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
+                          apply_on_exit=apply, allow_other=args.allow_other)
+    spawn_daemon(repo, mountpoint, store, args, apply)
+    emit(args, {"repo": repo, "mountpoint": mountpoint, "store": store},
+         lambda r: f"mounted {repo} at {mountpoint} (store {store})")
+    return 0
+
+
+def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
+    os.makedirs(store, mode=0o700, exist_ok=True)
+    logpath = os.path.join(store, "daemon.log")
+    argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
+            "--foreground", "--apply" if apply else "--no-apply"]
+    if args.block_size:
+        argv += ["--block-size", str(args.block_size)]
+    if args.window is not None:
+        argv += ["--window", str(args.window)]
+    if args.allow_other:
+        argv.append("--allow-other")
+    if args.verbose:
+        argv.insert(3, "--verbose")
+    with open(logpath, "ab") as logf:
+        start = logf.tell()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True, cwd="/")
+    deadline = time.monotonic() + READY_TIMEOUT
+    ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(_last_error(logpath, start) or f"daemon exited with status {proc.returncode}")
+        if os.path.exists(ctl):
+            return
+        time.sleep(0.02)
+    proc.terminate()
+    raise UserError(f"mount did not answer within {READY_TIMEOUT:.0f} s; see {logpath}")
+
+
+def _last_error(logpath: str, start: int) -> str:
+    with open(logpath, "rb") as f:
+        f.seek(start)
+        lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].removeprefix("overlayckpt: ") if lines else ""
+
+
+def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
+    status = client.send(mountpoint, {"cmd": "status"})
+    if apply is not None:
+        client.send(mountpoint, {"cmd": "set_apply", "apply": apply})
+    proc = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fusermount3 failed"
+        raise UserError(f"cannot unmount {mountpoint}: {why} (close programs using it, e.g. 'fuser -m')")
+    pid = status.get("pid")
+    deadline = time.monotonic() + 600
+    while pid and client.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    outcome = read_info(status["store"]).get("last_unmount", {})
+    if outcome.get("error"):
+        raise UserError(outcome["error"])
+    status["applied"] = outcome.get("applied", False)
+    return status
+
+
+def cmd_unmount(args: argparse.Namespace) -> int:
+    mountpoint = args.mountpoint or args.mount
+    if mountpoint and client.is_stale(mountpoint):
+        clear_stale(mountpoint)
+        print(f"cleared stale mount at {mountpoint} (its daemon was gone; the session is kept)",
+              file=sys.stderr)
+        return 0
+    target = find_mount(mountpoint)
+    if target is None:
+        raise UserError("no overlayckpt mount here: give the mountpoint")
+    status = unmount(target, args.apply)
+    emit(args, {"mountpoint": target, "repo": status["repo"], "store": status["store"],
+                "applied": status["applied"]},
+         lambda r: f"unmounted {target}" + (f"; applied to {r['repo']}" if r["applied"] else ""))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UserError("run needs a command: overlayckpt run -- CMD ...")
+    repo = resolve_repo(args.repo)
+    if args.private and not os.environ.get("OVERLAYCKPT_PRIVATE"):
+        if not shutil.which("unshare"):
+            raise UserError("--private needs unshare(1) (util-linux)")
+        argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
+        env = dict(os.environ, OVERLAYCKPT_PRIVATE="1")
+        return subprocess.call(["unshare", "-m", "--propagation", "private", "--"] + argv, env=env)
+    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    prepare_mountpoint(repo)
+    apply = args.apply if args.apply is not None else not args.private
+    spawn_daemon(repo, repo, store, args, apply)
+    try:
+        env = dict(os.environ, OVERLAYCKPT_MOUNT=repo)
+        try:
+            status = subprocess.call(cmd, cwd=repo, env=env)
+        except OSError as e:
+            raise UserError(f"cannot run {cmd[0]}: {e.strerror}") from None
+    finally:
+        unmount(repo, apply)
+    return status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    result = Target(args).call({"cmd": "status"})
+    result.pop("ok", None)
+    def line(key: str, value: Any) -> str:
+        if isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in value.items())
+        return f"{key}: {value}"
+    emit(args, result, lambda r: "\n".join(line(k, v) for k, v in r.items()))
+    return 0
+
+
+_SALVAGE = ("import json, sys\n"
+            "from overlayckpt.store.lmdbstore import salvage\n"
+            "for name, copied, error in salvage(sys.argv[1], sys.argv[2]):\n"
+            "    print(json.dumps([name, copied, error]), flush=True)\n")
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Copy what can be read out of a damaged store, in a child process (reading damaged
+    pages through LMDB may crash it), then swap the copy in and keep the damaged one."""
+    import fcntl
+    from overlayckpt.core.maintenance import fsck
+    from overlayckpt.store.lmdbstore import Store
+    from overlayckpt.store.synced import fsync_dir
+    if not args.store:
+        raise UserError("recover needs --store DIR: the store of the damaged session")
+    store = os.path.abspath(args.store)
+    if not os.path.isfile(os.path.join(store, "data.mdb")):
+        raise UserError(f"no session store at {store}: check --store")
+    lock_fd = os.open(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"store {store} is in use by an overlayckpt daemon: unmount it "
+                            "first") from None
+        work = store.rstrip("/") + ".recovering"
+        shutil.rmtree(work, ignore_errors=True)
+        proc = subprocess.run([sys.executable, "-c", _SALVAGE, store, work],
+                              capture_output=True, text=True, timeout=6 * 3600)
+        tables = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+        if not os.path.isfile(os.path.join(work, "data.mdb")):
+            raise UserError(f"nothing could be read from {store} ({proc.stderr.strip()[-200:]}); "
+                            "it is unchanged")
+        for name in ("session.json",):
+            if os.path.exists(os.path.join(store, name)):
+                shutil.copy2(os.path.join(store, name), os.path.join(work, name))
+        recovered = Store.open(work, create=False, lock=False)
+        try:
+            check = fsck(recovered)
+        finally:
+            recovered.close()
+        kept = f"{store}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(store, kept)
+        os.rename(work, store)
+        fsync_dir(os.path.dirname(store))
+    finally:
+        os.close(lock_fd)
+    lost = [f"table {t} stopped after {n} entries: {e}" for t, n, e in tables if e]
+    if proc.returncode != 0:
+        lost.append(f"the reader stopped (status {proc.returncode}) after "
+                    f"{len(tables)} of the tables")
+    result = {"store": store, "damaged_copy": kept, "entries": sum(n for _, n, _ in tables),
+              "lost": lost + check["problems"], "clean": check["clean"]}
+    emit(args, result, lambda r: (
+        f"recovered {r['entries']} entries into {store}; the damaged store is kept at "
+        f"{kept}\n" + ("lost: " + "; ".join(r["lost"][:20]) if r["lost"] else "nothing lost")))
+    return 0

@@ -1,0 +1,74 @@
+"""Where a command goes (a mounted daemon, or an unmounted store) and how its answer is shown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from overlayckpt.cli import client
+from overlayckpt.errors import UserError
+from overlayckpt.store.info import read_info
+
+
+# -- finding the session ----------------------------------------------------
+
+def find_mount(explicit: str | None) -> str | None:
+    """The mountpoint of the session: --mount, $OVERLAYCKPT_MOUNT, or walking up from cwd."""
+    candidate = explicit or os.environ.get("OVERLAYCKPT_MOUNT")
+    if candidate:
+        if not os.path.exists(os.path.join(candidate, ".overlayckpt", "ctl")):
+            if client.is_stale(candidate):
+                raise UserError(f"{candidate}: the daemon is gone (stale mount); "
+                                f"run 'overlayckpt mount' again to recover it")
+            raise UserError(f"{candidate} is not an overlayckpt mount: check --mount")
+        return os.path.abspath(candidate)
+    try:
+        d = os.getcwd()
+    except OSError:
+        raise UserError("the current directory is gone (stale mount?): cd elsewhere and retry") from None
+    while True:
+        if os.path.exists(os.path.join(d, ".overlayckpt", "ctl")):
+            return d
+        if client.is_stale(d):
+            raise UserError(f"{d}: the daemon is gone (stale mount); run 'overlayckpt mount' "
+                            "again to recover it")
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+class Target:
+    """Where a command goes: a mounted daemon, or an unmounted store."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.mount: str | None = None
+        self.store: str | None = args.store
+        if args.store is None:
+            self.mount = find_mount(args.mount)
+            if self.mount is None:
+                raise UserError("no overlayckpt session here: cd into a mount, or pass --mount or --store")
+        elif not os.path.isdir(args.store):
+            raise UserError(f"no session store at {args.store}: check --store")
+
+    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        if self.mount is not None:
+            return client.send(self.mount, cmd)
+        info = read_info(self.store or "")
+        if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
+            return client.send(info["mountpoint"], cmd)
+        return client.offline(self.store or "", cmd)
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        out = text(result)
+        if out:
+            print(out)

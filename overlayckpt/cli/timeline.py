@@ -1,0 +1,217 @@
+"""CLI commands on the timeline: checkpoint, log, diff, show, restore, conversation."""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _target(args: argparse.Namespace) -> Any:
+    from overlayckpt.cli.target import Target
+    return Target(args)
+
+
+def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> int:
+    from overlayckpt.cli.target import emit
+    emit(args, result, text)
+    return 0
+
+
+def _ref(value: str) -> Any:
+    return int(value) if value.isdigit() else value
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "checkpoint", "name": args.name, "message": args.message})
+    return _emit(args, result, lambda r: str(r["id"]))
+
+
+def _local_time(iso: str) -> str:
+    t = datetime.datetime.fromisoformat(iso).astimezone()
+    return t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "log", "limit": args.limit, "file": args.file})
+
+    def text(r: dict[str, Any]) -> str:
+        lines = []
+        for c in r["checkpoints"]:
+            files = " ".join(f"{f['change']} {f['path']}" for f in c["files"][:6])
+            if len(c["files"]) > 6:
+                files += f" (+{len(c['files']) - 6} more)"
+            name = f" [{c['name']}]" if c["name"] else ""
+            proc = c["process"]["comm"] or "-"
+            delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
+            lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
+                         f"{c['summary']}" + (f"\n       {files}{delta}" if files else ""))
+        return "\n".join(lines)
+    return _emit(args, result, text)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    refs, paths = args.refs, args.paths
+    if len(refs) > 2:
+        from overlayckpt.errors import UserError
+        raise UserError("diff takes at most two checkpoints: diff [A [B]] [-- PATH ...]")
+    cmd: dict[str, Any] = {"cmd": "diff", "stat": args.stat, "paths": paths or None}
+    if refs:
+        cmd["a"] = _ref(refs[0])
+    if len(refs) > 1:
+        cmd["b"] = _ref(refs[1])
+    result = _target(args).call(cmd)
+
+    def text(r: dict[str, Any]) -> str:
+        if args.stat:
+            rows = [f" {f['change']} {f['path']} | +{f['added']} -{f['removed']}" for f in r["files"]]
+            rows.append(f" {len(r['files'])} files changed")
+            return "\n".join(rows)
+        sys.stdout.write(r["patch"])
+        return ""
+    return _emit(args, result, text)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "show", "id": _ref(args.id), "path": args.path})
+    if args.json:
+        return _emit(args, result, lambda r: "")
+    if "content_b64" in result:
+        sys.stdout.buffer.write(base64.b64decode(result["content_b64"]))
+        sys.stdout.flush()
+        return 0
+    if "entries" in result:
+        print("\n".join(result["entries"]))
+        return 0
+    print("\n".join(f["path"] + ("/" if f["type"] == "dir" else "") for f in result["files"]))
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    paths = args.paths
+    cmd: dict[str, Any] = {"cmd": "restore", "id": _ref(args.id)}
+    if args.what:
+        cmd["what"] = args.what
+    if paths:
+        cmd["paths"] = paths
+    result = _target(args).call(cmd)
+    for w in result.get("warnings", []):
+        print(f"overlayckpt: warning: {w}", file=sys.stderr)
+    if result.get("claude_resume") and not args.json:
+        print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
+    return _emit(args, result, lambda r: f"restored checkpoint {r['restored']} ({r['what']}) "
+                                         f"as checkpoint {r['id']}")
+
+
+def cmd_conversation(args: argparse.Namespace) -> int:
+    cmd: dict[str, Any] = {"cmd": "conversation", "all": args.all}
+    if args.at is not None:
+        cmd["at"] = _ref(args.at)
+    result = _target(args).call(cmd)
+
+    def text(r: dict[str, Any]) -> str:
+        out = []
+        for line in r["lines"]:
+            mark = "" if line.get("live", True) else "(abandoned) "
+            content = line["content"] if isinstance(line["content"], str) else json.dumps(line["content"])
+            tool = f" [{line['tool']}]" if line.get("tool") else ""
+            out.append(f"{mark}{line['role']}{tool}: {content}")
+        return "\n".join(out)
+    return _emit(args, result, text)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
+    if args.checkpoint is not None:
+        cmd["checkpoint"] = _ref(args.checkpoint)
+    result = _target(args).call(cmd)
+    return _emit(args, result, lambda r: f"applied to {r['repo']}: {r['written']} written, "
+                                         f"{r['removed']} removed")
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    result = _target(args).call({"cmd": "fsck", "repair": args.repair})
+    _emit(args, result, lambda r: "\n".join(
+        [f"repaired: {x}" for x in r["repaired"]] + r["problems"]
+        + [f"{'clean' if r['clean'] else 'DAMAGED'}: {r['blocks']} blocks, {r['checkpoints']} checkpoints, "
+           f"{r['journal']} journal records"]))
+    return 0 if result["clean"] else 1
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    cmd: dict[str, Any] = {"cmd": "gc"}
+    if args.budget is not None:
+        cmd["budget"] = args.budget
+    result = _target(args).call(cmd)
+    return _emit(args, result, lambda r: f"thinned {r['thinned']} automatic checkpoints; removed "
+                                         f"{r['removed_blocks']} blocks ({r['freed_bytes']} bytes), "
+                                         f"kept {r['kept_blocks']}")
+
+
+def cmd_rewind(args: argparse.Namespace) -> int:
+    from overlayckpt.cli.rewind import build_app
+    target = _target(args)
+    if not sys.stdin.isatty():
+        from overlayckpt.errors import UserError
+        raise UserError("rewind is interactive: run it in a terminal (or use log and restore)")
+    app, _ = build_app(target.call)
+    result = app.run()
+    if result:
+        print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
+        if result.get("claude_resume"):
+            print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "checkpoint": cmd_checkpoint, "log": cmd_log, "diff": cmd_diff, "show": cmd_show,
+    "restore": cmd_restore, "conversation": cmd_conversation, "apply": cmd_apply,
+    "fsck": cmd_fsck, "gc": cmd_gc, "rewind": cmd_rewind,
+}
+
+
+def add_parsers(sub: Any) -> None:
+    c = sub.add_parser("checkpoint", help="a named checkpoint of the live state; prints its id")
+    c.add_argument("name", nargs="?")
+    c.add_argument("-m", "--message")
+
+    lg = sub.add_parser("log", help="the timeline, newest first")
+    lg.add_argument("--file", help="only checkpoints that changed this path")
+    lg.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
+
+    d = sub.add_parser("diff", help="unified diff between checkpoints (B defaults to live, A to 0)")
+    d.add_argument("refs", nargs="*", metavar="A [B]", help="then optionally: -- PATH ...")
+    d.add_argument("--stat", action="store_true")
+
+    s = sub.add_parser("show", help="a checkpoint's files, or one file's content at it")
+    s.add_argument("id")
+    s.add_argument("path", nargs="?")
+
+    r = sub.add_parser("restore", help="rewind code, conversation or both to a checkpoint")
+    r.add_argument("id", help="then optionally: -- PATH ... (only these files, code only)")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--code", dest="what", action="store_const", const="code")
+    g.add_argument("--conversation", dest="what", action="store_const", const="conversation")
+    g.add_argument("--both", dest="what", action="store_const", const="both")
+
+    ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite files that also changed in the repo since the session began")
+
+    fk = sub.add_parser("fsck", help="verify every block digest and every reference")
+    fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")
+    gcp = sub.add_parser("gc", help="thin old automatic checkpoints over budget; reclaim unreferenced blocks")
+    gcp.add_argument("--budget", type=int, help="bytes of blocks to keep before thinning (default 5 GiB)")
+
+    sub.add_parser("rewind", help="interactive timeline: move, preview, restore")
+
+    from overlayckpt.cli.export import add_cli
+    add_cli(sub, HANDLERS)
+
+    cv = sub.add_parser("conversation", help="the conversation now, at a checkpoint, or all branches")
+    cv.add_argument("--at")
+    cv.add_argument("--all", action="store_true")

@@ -1,0 +1,2 @@
+"""The overlay core in plain Python: lower, trees, overlay, journal, timeline, apply,
+maintenance. No pyfuse3, no service."""

@@ -1,0 +1,119 @@
+"""The conversation sidecar: an append-only log of what the agent was told and did.
+
+Lines live in the `conv` table under increasing keys; each stores the key of
+the line before it on its branch (`prev`), so the live branch is the chain
+ending at `meta.conv_head`. Every checkpoint records the head at its time;
+restoring the conversation to a checkpoint moves the head back to it. Later
+lines stay in the table as an abandoned branch, never deleted.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from overlayckpt.errors import UserError
+from overlayckpt.core.journal import next_seq, now_ns
+from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
+from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
+
+
+MAX_LINE = 1 << 20
+
+
+
+def parse_line(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_LINE:
+        raise UserError(f"conversation line longer than {MAX_LINE} bytes")
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"conversation line is not JSON: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
+        raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
+    return obj
+
+
+def append(w: WriteTxn, obj: dict[str, Any]) -> int:
+    key = w.next_counter(CONV_NEXT_KEY, 1)
+    head = w.meta_int(CONV_HEAD_KEY, 0)
+    entry = dict(obj)
+    entry["_seq"] = next_seq(w)
+    entry["_time"] = now_ns()
+    entry["_prev"] = head
+    w.put(CONV, u64(key), pack_obj(entry), append=True)
+    w.set_meta_int(CONV_HEAD_KEY, key)
+    return key
+
+
+def append_line(store: Store, line: bytes) -> None:
+    obj = parse_line(line)
+    store.write(lambda w: append(w, obj))
+
+
+def _public(key: int, entry: dict[str, Any], live: bool | None = None) -> dict[str, Any]:
+    out = {k: v for k, v in entry.items() if not k.startswith("_")}
+    out["line"] = key
+    out["seq"] = entry["_seq"]
+    out["time"] = iso_time(entry["_time"])
+    if live is not None:
+        out["live"] = live
+    return out
+
+
+def chain(r: ReadTxn, head: int) -> list[tuple[int, dict[str, Any]]]:
+    """The branch ending at head, oldest first."""
+    out = []
+    key = head
+    while key:
+        raw = r.get(CONV, u64(key))
+        if raw is None:
+            break
+        entry = unpack_obj(raw)
+        out.append((key, entry))
+        key = entry["_prev"]  # type: ignore[index]
+    out.reverse()
+    return out  # type: ignore[return-value]
+
+
+def live_lines(r: ReadTxn, head: int | None = None) -> list[dict[str, Any]]:
+    if head is None:
+        head = r.meta_int(CONV_HEAD_KEY, 0)
+    return [_public(k, e) for k, e in chain(r, head)]
+
+
+def all_lines(r: ReadTxn) -> list[dict[str, Any]]:
+    live = {k for k, _ in chain(r, r.meta_int(CONV_HEAD_KEY, 0))}
+    return [_public(from_u64(k), unpack_obj(v), from_u64(k) in live)  # type: ignore[arg-type]
+            for k, v in r.range_from(CONV)]
+
+
+def live_text(store: Store) -> bytes:
+    lines = store.read(live_lines)
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def move_head(w: WriteTxn, head: int) -> None:
+    w.set_meta_int(CONV_HEAD_KEY, head)
+
+
+def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | None:
+    """The latest tool call or assistant message that arrived while a checkpoint's changes were made."""
+    for key, entry in reversed(chain(r, head)):
+        line_seq = entry["_seq"]
+        if line_seq >= seq:  # arrived after these changes: it belongs to the next step
+            continue
+        if line_seq < start_seq:
+            return None
+        if entry.get("summary"):
+            return str(entry["summary"])[:120]
+        if entry.get("tool"):
+            return f"{entry['tool']}: {_first_line(entry.get('content'))}"[:120]
+        if entry.get("role") == "assistant":
+            return _first_line(entry.get("content"))[:120]
+    return None
+
+
+def _first_line(content: Any) -> str:
+    text = content if isinstance(content, str) else json.dumps(content)
+    return text.strip().splitlines()[0] if text.strip() else ""

@@ -1,0 +1,127 @@
+"""The journal and the automatic grouping of its records into checkpoints.
+
+Every mutating operation appends one record (seq, time, pid, comm, op, paths,
+undo entries) in the same write transaction that changes the live tables, so
+a record and its change are committed together or not at all. Records are
+grouped into automatic checkpoints: a group ends when another process writes,
+or when its process has been idle for `window` seconds (0: every operation is
+its own checkpoint). A checkpoint records the journal position after its
+group, so restoring it gives the tree as it was after that group and before
+the next one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from overlayckpt.records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
+from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.tables import (
+    CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY,
+)
+
+
+
+@dataclass(slots=True)
+class Caller:
+    pid: int
+    comm: str
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def next_seq(r: ReadTxn) -> int:
+    return r.meta_int(SEQ_KEY, 1)
+
+
+def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
+           changes: tuple[str, ...], undo: list[tuple[int, bytes, bytes | None]],
+           window: float) -> int:
+    """Journal one operation and extend or close the open group. Returns its seq."""
+    t = now_ns()
+    seq = next_seq(w)
+    group = _open_group(w)
+    if group is not None:
+        start, pid, last = group
+        if window <= 0 or pid != caller.pid or t - last > window * 1e9:
+            _close_group(w, seq, start, last, pid)
+            group = None
+    start = seq if group is None else group[0]
+    rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths, changes, tuple(undo))
+    w.put(JOURNAL, u64(seq), rec.pack(), append=True)
+    w.set_meta_int(SEQ_KEY, seq + 1)
+    w.put(META, GROUP_KEY, pack_obj([start, caller.pid, t]))
+    if window <= 0:
+        _close_group(w, seq + 1, start, t, caller.pid)
+    return seq
+
+
+def _open_group(r: ReadTxn) -> tuple[int, int, int] | None:
+    raw = r.get(META, GROUP_KEY)
+    if raw is None:
+        return None
+    start, pid, last = unpack_obj(raw)  # type: ignore[misc]
+    return start, pid, last
+
+
+def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int) -> Checkpoint:
+    w.delete(META, GROUP_KEY)
+    first = w.get(JOURNAL, u64(start))
+    comm = JournalRecord.unpack(start, first).comm if first else ""
+    return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns)
+
+
+def close_open_group(w: WriteTxn) -> None:
+    """Turn the pending group (if any) into a checkpoint, e.g. before a restore."""
+    group = _open_group(w)
+    if group is not None:
+        start, pid, last = group
+        _close_group(w, next_seq(w), start, last, pid)
+
+
+def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | None,
+                   message: str | None, pid: int, comm: str, time_ns: int | None = None,
+                   restored_from: int | None = None) -> Checkpoint:
+    cid = w.next_counter(NEXT_CKPT_KEY, 1)
+    ck = Checkpoint(cid, seq, start, time_ns or now_ns(), kind, name, message, pid, comm, restored_from,
+                    w.meta_int(CONV_HEAD_KEY, 0))
+    w.put(CKPTS, u64(cid), ck.pack(), append=True)
+    if name:
+        w.put(NAMES, name.encode(), u64(cid))
+    return ck
+
+
+def ensure_origin_checkpoint(w: WriteTxn) -> None:
+    """Checkpoint 0: the tree before the session's first change."""
+    if w.get(CKPTS, u64(0)) is None:
+        ck = Checkpoint(0, 1, 1, now_ns(), "auto", None, "session start", 0, "")
+        w.put(CKPTS, u64(0), ck.pack())
+
+
+def records(r: ReadTxn, start: int, end: int) -> list[JournalRecord]:
+    """Journal records with start <= seq < end, oldest first."""
+    out = []
+    for k, v in r.range_from(JOURNAL, u64(start)):
+        seq = from_u64(k)
+        if seq >= end:
+            break
+        out.append(JournalRecord.unpack(seq, v))
+    return out
+
+
+def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
+                  changes: tuple[str, ...], undo: list[tuple[int, bytes, bytes | None]],
+                  kind: str, restored_from: int | None = None) -> Checkpoint:
+    """Journal one operation as a checkpoint of its own (a restore), outside any group."""
+    close_open_group(w)
+    seq = next_seq(w)
+    if not undo:  # nothing changed in the code: the checkpoint still marks the step
+        return new_checkpoint(w, seq, seq, kind, None, None, caller.pid, caller.comm,
+                              restored_from=restored_from)
+    rec = JournalRecord(seq, now_ns(), caller.pid, caller.comm, op, paths, changes, tuple(undo))
+    w.put(JOURNAL, u64(seq), rec.pack(), append=True)
+    w.set_meta_int(SEQ_KEY, seq + 1)
+    return new_checkpoint(w, seq + 1, seq, kind, None, None, caller.pid, caller.comm,
+                          restored_from=restored_from)

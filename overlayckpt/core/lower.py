@@ -1,0 +1,294 @@
+"""Read-only access to the lower directory (the repo) through one directory fd.
+
+The fd is opened before the overlay is mounted, so an in-place mount can still
+reach the hidden repo. Every path is resolved with openat2(RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS): nothing here ever follows a symlink or leaves the repo.
+Paths are bytes relative to the repo root; b"" is the root itself.
+
+`Lower` also consults the store's pinned table: when `apply` is about to change
+a lower entry, its original content is pinned into the store first, and from
+then on this module answers for that path from the pin, so checkpoints that
+still refer to the original lower entry keep seeing exactly what it was.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from overlayckpt.errors import FsError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share it
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+CACHE_ENTRIES = 1 << 20  # lower stat results and listings kept in memory
+_RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2_beneath(dirfd: int, path: bytes, flags: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0, _RESOLVE)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, path or b".", ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise FsError(err, f"{path!r}: {os.strerror(err)}")
+    return fd
+
+
+def lstat_beneath(dirfd: int, path: bytes) -> os.stat_result | None:
+    """lstat of the entry at path below dirfd, never leaving it; None if there is none."""
+    parent, _, name = path.rpartition(b"/")
+    try:
+        fd = openat2_beneath(dirfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FsError:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def split(path: bytes) -> tuple[bytes, bytes]:
+    head, _, tail = path.rpartition(b"/")
+    return head, tail
+
+
+def join(parent: bytes, name: bytes) -> bytes:
+    return parent + b"/" + name if parent else name
+
+
+# Pins: path -> (stat-like tuple, data) provided by the store (see apply.py).
+PinLookup = Callable[[bytes], "Pin | None"]
+
+
+class PinStat:
+    """The attributes of a pinned entry, shaped like the os.stat_result fields we use."""
+
+    __slots__ = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
+                 "st_mtime_ns", "st_ctime_ns", "st_rdev")
+
+    def __init__(self, *values: int) -> None:
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+
+    @classmethod
+    def fields(cls, st: "os.stat_result | PinStat") -> list[int]:
+        return [getattr(st, name) for name in cls.__slots__]
+
+
+class Pin:
+    """The original state of one lower entry, kept in the store."""
+
+    __slots__ = ("st", "entries", "read", "target", "xattrs")
+
+    def __init__(self, st: "os.stat_result | PinStat", entries: set[bytes] | None,
+                 read: Callable[[int, int], bytes] | None, target: bytes | None,
+                 xattrs: dict[bytes, bytes]) -> None:
+        self.st, self.entries, self.read, self.target, self.xattrs = st, entries, read, target, xattrs
+
+
+class Lower:
+    """The repo as it was when the session first saw it."""
+
+    def __init__(self, root: str, pins: PinLookup | None = None,
+                 warm: Callable[[int], bool] | None = None) -> None:
+        self.root_path = os.path.abspath(root)
+        try:
+            self.fd = os.open(self.root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO, f"cannot open repo {root}: {e.strerror}") from None
+        self.pins = pins
+        self._dirfds: OrderedDict[bytes, int] = OrderedDict()
+        # The repo does not change while mounted (only apply writes it, and it calls
+        # forget_cached), so what it answered once stays true.
+        self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
+        self._stats: dict[bytes, Any] = {}
+        self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
+        # called with the repo's fd before each listing until it answers True, once it
+        # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
+        # which runs only once the mount is served by the C library)
+        self.warm = warm
+
+    def close(self) -> None:
+        self.forget_cached()
+        os.close(self.fd)
+
+    def forget_cached(self) -> None:
+        """Drop cached fds and answers (after apply changed the repo)."""
+        for fd in self._dirfds.values():
+            os.close(fd)
+        self._dirfds.clear()
+        self._xattrs.clear()
+        self._stats.clear()
+        self._listings.clear()
+
+    def _dirfd(self, path: bytes) -> int:
+        """A cached fd of a lower directory (the repo is read-only while mounted)."""
+        if not path:
+            return self.fd
+        fd = self._dirfds.get(path)
+        if fd is not None:
+            self._dirfds.move_to_end(path)
+            return fd
+        fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        self._dirfds[path] = fd
+        if len(self._dirfds) > 512:
+            os.close(self._dirfds.popitem(last=False)[1])
+        return fd
+
+    def _pin(self, path: bytes) -> Pin | None:
+        return self.pins(path) if self.pins is not None else None
+
+    def stat(self, path: bytes) -> os.stat_result:
+        pin = self._pin(path)
+        if pin is not None:
+            return pin.st
+        if not path:
+            return os.fstat(self.fd)
+        cached = self._stats.get(path)
+        if cached is not None:
+            return cached
+        parent, name = split(path)
+        ppin = self._pin(parent)
+        if ppin is not None and ppin.entries is not None and name not in ppin.entries:
+            raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
+        if ppin is None and parent not in self._listings:
+            # the first name looked up in a directory: list it, which stats all its
+            # entries in one pass. A tree walk (git status) looks up the siblings next,
+            # and on a cold cache one pass reads the inodes in order, not one by one.
+            try:
+                self.listdir(parent)
+            except (FsError, OSError):
+                pass  # the stat below gives the error
+            cached = self._stats.get(path)
+            if cached is not None:
+                return cached
+        try:
+            st = os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO) from None
+        self._remember(self._stats, path, st)
+        return st
+
+    @staticmethod
+    def _remember(cache: dict[bytes, Any], key: bytes, value: Any) -> None:
+        if len(cache) > CACHE_ENTRIES:
+            cache.clear()
+        cache[key] = value
+
+    def listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+        cached = self._listings.get(path)
+        if cached is None:
+            cached = self._listdir(path)
+            self._remember(self._listings, path, cached)
+        return cached
+
+    def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+        pin = self._pin(path)
+        if pin is not None:
+            out = []
+            for name in sorted(pin.entries or ()):
+                try:
+                    out.append((name, self.stat(join(path, name))))
+                except FsError:
+                    pass
+            return out
+        if self.warm is not None and self.warm(self.fd):
+            self.warm = None
+        fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            out = []
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = os.fsencode(entry.name)
+                    child = join(path, name)
+                    pin = self._pin(child)
+                    if pin is not None:
+                        out.append((name, pin.st))
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished behind our back
+                    out.append((name, st))
+                    self._remember(self._stats, child, st)  # what stat(child) would answer
+            return out
+        finally:
+            os.close(fd)
+
+    def open_file(self, path: bytes) -> "LowerFile":
+        pin = self._pin(path)
+        if pin is not None and pin.read is not None:
+            return LowerFile(-1, pin.read)
+        return LowerFile(openat2_beneath(self.fd, path, os.O_RDONLY), None)
+
+    def readlink(self, path: bytes) -> bytes:
+        pin = self._pin(path)
+        if pin is not None:
+            return pin.target or b""
+        parent, name = split(path)
+        try:
+            return os.readlink(name, dir_fd=self._dirfd(parent))
+        except OSError as e:
+            raise FsError(e.errno or errno.EIO) from None
+
+    def xattrs(self, path: bytes) -> dict[bytes, bytes]:
+        pin = self._pin(path)
+        if pin is not None:
+            return dict(pin.xattrs)
+        cached = self._xattrs.get(path)
+        if cached is None:
+            # the kernel asks for security.capability before every write: keep answers
+            cached = self._read_xattrs(path)
+            if len(self._xattrs) > 4096:
+                self._xattrs.clear()
+            self._xattrs[path] = cached
+        return dict(cached)
+
+    def _read_xattrs(self, path: bytes) -> dict[bytes, bytes]:
+        if not path:
+            proc = f"/proc/self/fd/{self.fd}"
+        else:
+            parent, name = split(path)
+            proc = f"/proc/self/fd/{self._dirfd(parent)}/{os.fsdecode(name)}"
+        out: dict[bytes, bytes] = {}
+        try:
+            for n in os.listxattr(proc, follow_symlinks=False):
+                try:
+                    out[os.fsencode(n)] = os.getxattr(proc, n, follow_symlinks=False)
+                except OSError:
+                    pass
+        except OSError as e:
+            if e.errno not in (errno.ENOTSUP, errno.EPERM):
+                raise FsError(e.errno or errno.EIO) from None
+        return out
+
+
+class LowerFile:
+    """An open lower file, or a pinned one served from the store."""
+
+    __slots__ = ("fd", "_read")
+
+    def __init__(self, fd: int, read: Callable[[int, int], bytes] | None) -> None:
+        self.fd, self._read = fd, read
+
+    def pread(self, size: int, off: int) -> bytes:
+        if self._read is not None:
+            return self._read(size, off)
+        return os.pread(self.fd, size, off)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+

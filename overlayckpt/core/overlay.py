@@ -1,0 +1,445 @@
+"""The live overlay: every mutating filesystem operation, captured before it lands.
+
+Each operation runs inside one store write transaction (`Overlay._mutate`):
+it reads what it is about to replace, stores the previous content of every
+block it touches (read from the lower or the store) under its blake3 digest,
+records (table, key, previous value) undo entries, changes the live tables
+and appends its journal record, and all of that commits atomically. Nothing
+here awaits, so an operation is never interleaved with another one.
+
+Deleted or overwritten inodes keep their node record and block map: history
+may restore them, and gc drops them once nothing refers to them.
+"""
+from __future__ import annotations
+
+import errno
+import stat
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+from overlayckpt.errors import FsError
+from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
+from overlayckpt.core.lower import Lower
+from overlayckpt.records import (
+    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
+    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
+    dirent_key, from_u64, pack_obj, u64, xattr_key,
+)
+from overlayckpt.store.lmdbstore import Store, WriteTxn
+from overlayckpt.core.tree import Tree
+from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
+
+T = TypeVar("T")
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+class Mutation:
+    """A write transaction that remembers the first previous value of every key."""
+
+    def __init__(self, w: WriteTxn) -> None:
+        self.w = w
+        self.undo: list[tuple[int, bytes, bytes | None]] = []
+        self._seen: set[tuple[int, bytes]] = set()
+        self.paths: list[str] = []
+        self.changes: list[str] = []
+
+    # State protocol, so Tree can read through the transaction.
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        return self.w.get(table, key)
+
+    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+        return self.w.prefix(table, prefix)
+
+    def block(self, digest: bytes) -> bytes:
+        return self.w.block(digest)
+
+    def _remember(self, table: int, key: bytes, prev: bytes | None, explicit: bool) -> None:
+        if (table, key) in self._seen:
+            return
+        self._seen.add((table, key))
+        if not explicit:
+            prev = self.w.get(TABLE_NAMES[table], key)
+        self.undo.append((table, key, prev))
+
+    def put(self, table: int, key: bytes, value: bytes, prev: bytes | None = None,
+            explicit_prev: bool = False) -> None:
+        self._remember(table, key, prev, explicit_prev)
+        self.w.put(TABLE_NAMES[table], key, value)
+
+    def delete(self, table: int, key: bytes, prev: bytes | None = None,
+               explicit_prev: bool = False) -> None:
+        self._remember(table, key, prev, explicit_prev)
+        self.w.delete(TABLE_NAMES[table], key)
+
+    def put_node(self, ino: int, node: Node) -> None:
+        self.put(T_NODES, u64(ino), node.pack())
+
+    def touched(self, path: str, change: str) -> None:
+        self.paths.append(path)
+        self.changes.append(change)
+
+
+class Overlay(Tree):
+    """The live tree plus every operation that changes it."""
+
+    def __init__(self, store: Store, lower: Lower, window: float = 1.0) -> None:
+        super().__init__(lower, store.block_size)
+        self.store = store
+        self.window = window
+        store.write(ensure_origin_checkpoint)
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _mutate(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> T:
+        def txn(w: WriteTxn) -> T:
+            m = Mutation(w)
+            result = fn(m)
+            if m.undo:
+                append(w, caller, op, tuple(m.paths), tuple(m.changes), m.undo, self.window)
+            return result
+        return self.store.write(txn)
+
+    def live(self, fn: Callable[[Mutation], T]) -> T:
+        """Read the live state (through a read transaction)."""
+        return self.store.read(fn)  # type: ignore[arg-type]
+
+    def _own(self, m: Mutation, ino: int) -> Node:
+        """The node record of ino, created from the lower entry if it has none yet."""
+        node = self.node(m, ino)
+        if not self.has_record(m, ino):
+            node.parent = self.parents.get(ino, (0, b""))[0]
+            m.put_node(ino, node)
+            if node.origin is not None and not node.is_dir:
+                # what the repo held when we first changed it: apply checks it is still so
+                key = b"/" + node.origin
+                if m.get(SEEN, key) is None:
+                    m.w.put(SEEN, key, pack_obj([ino, node.size, node.mtime_ns]))
+        return node
+
+    def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False) -> None:
+        t = now_ns()
+        if ctime:
+            node.ctime_ns = t
+        if mtime:
+            node.mtime_ns = t
+        m.put_node(ino, node)
+
+    def _dir(self, m: Mutation, ino: int) -> Node:
+        node = self.node(m, ino)
+        if not node.is_dir:
+            raise FsError(errno.ENOTDIR)
+        return node
+
+    def _exists(self, m: Mutation, parent: int, name: bytes) -> int | None:
+        try:
+            return self.lookup(m, parent, name)
+        except FsError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+
+    def _check_name(self, parent: int, name: bytes) -> None:
+        if parent == ROOT_INO and name == CONTROL_NAME:
+            raise FsError(errno.EPERM, "the control directory is reserved")
+        if len(name) > 255:
+            raise FsError(errno.ENAMETOOLONG)
+
+    def _link_entry(self, m: Mutation, parent: int, name: bytes, ino: int) -> None:
+        m.put(T_DIRENTS, dirent_key(parent, name), u64(ino))
+        self.parents[ino] = (parent, name)
+        node = self.node(m, ino)
+        if node.parent != parent:
+            node.parent = parent
+            m.put_node(ino, node)
+
+    def _unlink_entry(self, m: Mutation, parent: int, pnode: Node, name: bytes) -> None:
+        key = dirent_key(parent, name)
+        if self.merges_lower(pnode):
+            m.put(T_DIRENTS, key, WHITEOUT)  # hides a lower entry of that name
+        elif m.get(DIRENTS, key) is not None:
+            m.delete(T_DIRENTS, key)
+
+    def _new_node(self, m: Mutation, parent: int, pnode: Node, mode: int, uid: int, gid: int,
+                  rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
+        ino = m.w.next_counter(NEXT_INO_KEY, FIRST_UPPER_INO)
+        t = now_ns()
+        if pnode.mode & stat.S_ISGID:
+            gid = pnode.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
+        is_dir = stat.S_ISDIR(mode)
+        node = Node(mode, uid, gid, len(target) if target else 0, t, t, t, 2 if is_dir else 1, rdev,
+                    None, 0, F_XATTRS_OWN | (F_OPAQUE if is_dir else 0), target)
+        m.put_node(ino, node)
+        return ino, node
+
+    def _touch_parent(self, m: Mutation, parent: int, nlink_delta: int = 0) -> Node:
+        pnode = self._own(m, parent)
+        pnode.nlink += nlink_delta
+        self._save(m, parent, pnode, mtime=True)
+        return pnode
+
+    # -- namespace ------------------------------------------------------------
+
+    def create(self, caller: Caller, parent: int, name: bytes, mode: int, uid: int, gid: int,
+               rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
+        """create, mknod, mkdir and symlink: a new inode at parent/name."""
+        self._check_name(parent, name)
+        op = "mkdir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "create"
+
+        def fn(m: Mutation) -> tuple[int, Node]:
+            pnode = self._dir(m, parent)
+            if self._exists(m, parent, name) is not None:
+                raise FsError(errno.EEXIST)
+            ino, node = self._new_node(m, parent, pnode, mode, uid, gid, rdev, target)
+            self._link_entry(m, parent, name, ino)
+            self._touch_parent(m, parent, 1 if stat.S_ISDIR(mode) else 0)
+            m.touched(self.child_path(parent, name), "A")
+            return ino, node
+        return self._mutate(caller, op, fn)
+
+    def link(self, caller: Caller, ino: int, parent: int, name: bytes) -> Node:
+        self._check_name(parent, name)
+
+        def fn(m: Mutation) -> Node:
+            self._dir(m, parent)
+            if self._exists(m, parent, name) is not None:
+                raise FsError(errno.EEXIST)
+            node = self._own(m, ino)
+            if node.is_dir:
+                raise FsError(errno.EPERM)
+            node.nlink += 1
+            self._save(m, ino, node)
+            self._link_entry(m, parent, name, ino)
+            self._touch_parent(m, parent)
+            m.touched(self.child_path(parent, name), "A")
+            return node
+        return self._mutate(caller, "link", fn)
+
+    def remove(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool) -> int:
+        """unlink and rmdir. Returns the inode that lost a name."""
+        def fn(m: Mutation) -> int:
+            pnode = self._dir(m, parent)
+            ino = self.lookup(m, parent, name)
+            node = self._own(m, ino)
+            if is_rmdir:
+                if not node.is_dir:
+                    raise FsError(errno.ENOTDIR)
+                if not self.is_empty_dir(m, ino):
+                    raise FsError(errno.ENOTEMPTY)
+                node.nlink = 0
+            else:
+                if node.is_dir:
+                    raise FsError(errno.EISDIR)
+                node.nlink -= 1
+            path = self.child_path(parent, name)
+            self._save(m, ino, node)
+            self._unlink_entry(m, parent, pnode, name)
+            self._touch_parent(m, parent, -1 if is_rmdir else 0)
+            m.touched(path, "D")
+            return ino
+        return self._mutate(caller, "rmdir" if is_rmdir else "unlink", fn)
+
+    def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:
+        """rename(2) incl. RENAME_NOREPLACE and RENAME_EXCHANGE. Returns the replaced inode."""
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+            # e.g. RENAME_WHITEOUT: doing a plain rename instead would silently differ from Linux
+            raise FsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
+        self._check_name(p2, n2)
+        self._check_name(p1, n1)
+
+        def fn(m: Mutation) -> int | None:
+            pn1 = self._dir(m, p1)
+            self._dir(m, p2)
+            src = self.lookup(m, p1, n1)
+            dst = self._exists(m, p2, n2)
+            snode = self._own(m, src)
+            old_path, new_path = self.child_path(p1, n1), self.child_path(p2, n2)
+            if flags & RENAME_EXCHANGE:
+                if dst is None:
+                    raise FsError(errno.ENOENT)
+                dnode = self._own(m, dst)
+                self._link_entry(m, p1, n1, dst)
+                self._link_entry(m, p2, n2, src)
+                if p1 != p2 and snode.is_dir != dnode.is_dir:
+                    delta = 1 if snode.is_dir else -1
+                    self._touch_parent(m, p1, -delta)
+                    self._touch_parent(m, p2, delta)
+                else:
+                    self._touch_parent(m, p1)
+                    if p2 != p1:
+                        self._touch_parent(m, p2)
+                snode.parent, dnode.parent = p2, p1
+                self._save(m, src, snode)
+                self._save(m, dst, dnode)
+                m.touched(new_path, "R")
+                m.touched(old_path, "R")
+                return None
+            if dst is not None:
+                if flags & RENAME_NOREPLACE:
+                    raise FsError(errno.EEXIST)
+                if dst == src:
+                    return None  # both names are links of one file: POSIX says do nothing
+                dnode = self._own(m, dst)
+                if snode.is_dir and not dnode.is_dir:
+                    raise FsError(errno.ENOTDIR)
+                if not snode.is_dir and dnode.is_dir:
+                    raise FsError(errno.EISDIR)
+                if dnode.is_dir and not self.is_empty_dir(m, dst):
+                    raise FsError(errno.ENOTEMPTY)
+                dnode.nlink = 0 if dnode.is_dir else dnode.nlink - 1
+                self._save(m, dst, dnode)
+                if dnode.is_dir:
+                    self._touch_parent(m, p2, -1)
+            self._unlink_entry(m, p1, pn1, n1)
+            self._link_entry(m, p2, n2, src)
+            if snode.is_dir and p1 != p2:
+                self._touch_parent(m, p1, -1)
+                self._touch_parent(m, p2, 1)
+            else:
+                self._touch_parent(m, p1)
+                if p2 != p1:
+                    self._touch_parent(m, p2)
+            snode.parent = p2
+            self._save(m, src, snode)
+            m.touched(new_path, "M" if dst is not None else "R")  # an atomic save modifies
+            m.touched(old_path, "<")
+            return dst
+        return self._mutate(caller, "rename", fn)
+
+    # -- attributes -----------------------------------------------------------
+
+    def setattr(self, caller: Caller, ino: int, *, mode: int | None = None, uid: int | None = None,
+                gid: int | None = None, size: int | None = None, atime_ns: int | None = None,
+                mtime_ns: int | None = None) -> Node:
+        def fn(m: Mutation) -> Node:
+            node = self._own(m, ino)
+            if size is not None:
+                if not node.is_reg:
+                    raise FsError(errno.EISDIR if node.is_dir else errno.EINVAL)
+                self._truncate(m, ino, node, size)
+            if mode is not None:
+                node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(mode)
+            if uid is not None:
+                node.uid = uid
+            if gid is not None:
+                node.gid = gid
+            if atime_ns is not None:
+                node.atime_ns = atime_ns
+            if mtime_ns is not None:
+                node.mtime_ns = mtime_ns
+            self._save(m, ino, node, mtime=size is not None and mtime_ns is None)
+            m.touched(self.path_of(ino), "M")
+            return node
+        return self._mutate(caller, "truncate" if size is not None else "setattr", fn)
+
+    def setxattr(self, caller: Caller, ino: int, name: bytes, value: bytes | None) -> None:
+        """Set (value) or remove (None) one extended attribute."""
+        def fn(m: Mutation) -> None:
+            node = self._own(m, ino)
+            if not node.flags & F_XATTRS_OWN:
+                for k, v in self.xattrs(m, ino, node).items():
+                    m.put(T_XATTRS, xattr_key(ino, k), v)
+                node.flags |= F_XATTRS_OWN
+            key = xattr_key(ino, name)
+            if value is None:
+                if m.get(XATTRS, key) is None:
+                    raise FsError(errno.ENODATA)
+                m.delete(T_XATTRS, key)
+            else:
+                m.put(T_XATTRS, key, value)
+            self._save(m, ino, node)
+            m.touched(self.path_of(ino), "M")
+        self._mutate(caller, "setxattr" if value is not None else "removexattr", fn)
+
+    # -- content --------------------------------------------------------------
+
+    def _current_block(self, m: Mutation, ino: int, node: Node, blockno: int) -> tuple[bytes | None, bytes]:
+        """(bmap value now, digest of the block's current content, captured into the store)."""
+        key = bmap_key(ino, blockno)
+        raw = m.get(BMAP, key)
+        if raw is not None:
+            return raw, raw
+        off = blockno * self.bs
+        if node.origin is not None and off < node.lower_valid:
+            n = min(self.bs, node.lower_valid - off)
+            data = self._lower_bytes(node.origin, off, n)
+            return None, m.w.put_block(data + bytes(self.bs - n))
+        return None, ZERO_BLOCK
+
+    def _set_block(self, m: Mutation, ino: int, node: Node, blockno: int, data: bytes | None,
+                   current: tuple[bytes | None, bytes] | None = None) -> None:
+        """Point one block at new content (None: drop it), capturing the old first."""
+        now, captured = current or self._current_block(m, ino, node, blockno)
+        key = bmap_key(ino, blockno)
+        prev = captured if now is None and captured != ZERO_BLOCK else now
+        if data is None:
+            if now is not None or captured != ZERO_BLOCK:
+                m.delete(T_BMAP, key, prev, explicit_prev=True)
+            return
+        m.put(T_BMAP, key, m.w.put_block(data), prev, explicit_prev=True)
+
+    def _patch_block(self, m: Mutation, ino: int, node: Node, blockno: int, lo: int, piece: bytes) -> None:
+        bs = self.bs
+        if lo == 0 and len(piece) == bs:
+            self._set_block(m, ino, node, blockno, piece)
+            return
+        current = self._current_block(m, ino, node, blockno)
+        base = bytearray(m.w.block(current[1]))
+        base[lo:lo + len(piece)] = piece
+        self._set_block(m, ino, node, blockno, bytes(base), current)
+
+    def _truncate(self, m: Mutation, ino: int, node: Node, size: int) -> None:
+        bs = self.bs
+        if size < node.size:
+            first_gone = -(-size // bs)
+            # only blocks that hold something: stored ones, and those still the repo's
+            # (a sparse file's holes cost nothing to cut)
+            gone = set(range(first_gone, -(-min(node.lower_valid, node.size) // bs))
+                       if node.origin is not None else ())
+            for key, _ in m.w.range_from(BMAP, bmap_key(ino, first_gone)):
+                if not key.startswith(u64(ino)):
+                    break
+                gone.add(from_u64(key[8:]))
+            for b in sorted(gone):
+                self._set_block(m, ino, node, b, None)
+            if size % bs:
+                # zero the tail so a later extension reads zeros, as POSIX wants
+                self._patch_block(m, ino, node, size // bs, size % bs, bytes(bs - size % bs))
+            node.lower_valid = min(node.lower_valid, size)
+        node.size = size
+
+    def write(self, caller: Caller, ino: int, off: int, data: bytes, *,
+              logged: bytes | None = None) -> int:
+        """logged: the write-behind log's position after this write (behind.py)."""
+        def fn(m: Mutation) -> int:
+            node = self._own(m, ino)
+            if not node.is_reg:
+                raise FsError(errno.EINVAL)
+            bs = self.bs
+            pos, end = off, off + len(data)
+            while pos < end:
+                bstart = pos - pos % bs
+                stop = min(end, bstart + bs)
+                self._patch_block(m, ino, node, bstart // bs, pos - bstart, data[pos - off:stop - off])
+                pos = stop
+            if end > node.size:
+                node.size = end
+            self._save(m, ino, node, mtime=True)
+            m.touched(self.path_of(ino), "M")
+            if logged is not None:
+                m.w.put(META, WRITE_BEHIND_KEY, logged)
+            return len(data)
+        return self._mutate(caller, "write", fn)
+
+
+async def make_durable(store: Store) -> None:
+    """A sync point (store.py), its fdatasync off the request loop: it may take long."""
+    point = store.sync_begin()
+    if point is not None:
+        await trio.to_thread.run_sync(store.sync_flush, point)
+    store.sync_end()

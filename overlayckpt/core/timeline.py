@@ -1,0 +1,358 @@
+"""Checkpoints on top of the journal: resolve, name, view, diff and restore.
+
+A checkpoint is a journal position. The state at a checkpoint is the live
+state with the undo entries of every later record applied in reverse; it is
+computed as a delta (key -> value then) over the live tables, so its cost is
+the number of changes since, never the size of the repo. Restore writes that
+delta into the live tables as one new journal record (itself undoable) and a
+`restore` checkpoint, then drops the kernel's caches of exactly the inodes and
+names it changed.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from overlayckpt.core.context import Context
+from overlayckpt.core.conversation import move_head
+from overlayckpt.errors import FsError, UserError
+from overlayckpt.core.journal import (
+    Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
+)
+from overlayckpt.records import (
+    ROOT_INO, TABLE_NAMES, Checkpoint, JournalRecord, Node, from_u64, u64,
+)
+from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, NAMES, NODES, XATTRS
+
+
+Delta = dict[tuple[bytes, bytes], "bytes | None"]
+
+
+class AtCheckpoint:
+    """The tables as they were at a checkpoint: a delta over a live read view."""
+
+    def __init__(self, r: ReadTxn, delta: Delta) -> None:
+        self.r = r
+        self.delta = delta
+        self._by_prefix: dict[tuple[bytes, bytes], list[bytes]] = defaultdict(list)
+        for table, key in delta:
+            if table in (DIRENTS, XATTRS):
+                self._by_prefix[(table, key[:8])].append(key)
+
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        k = (table, key)
+        if k in self.delta:
+            return self.delta[k]
+        return self.r.get(table, key)
+
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        items = dict(self.r.prefix(table, prefix))
+        for key in self._by_prefix.get((table, prefix[:8]), ()):
+            if key.startswith(prefix):
+                val = self.delta[(table, key)]
+                if val is None:
+                    items.pop(key, None)
+                else:
+                    items[key] = val
+        return iter(sorted(items.items()))
+
+    def block(self, digest: bytes) -> bytes:
+        return self.r.block(digest)
+
+
+def delta_since(r: ReadTxn, seq: int) -> Delta:
+    """Values, at journal position seq, of every key changed after it."""
+    delta: Delta = {}
+    for k, v in r.range_from(JOURNAL, reverse=True):
+        if from_u64(k) < seq:
+            break
+        rec = JournalRecord.unpack(from_u64(k), v)
+        for table, key, old in reversed(rec.undo):
+            delta[(TABLE_NAMES[table], key)] = old
+    return delta
+
+
+def keys_between(r: ReadTxn, lo: int, hi: int) -> set[tuple[bytes, bytes]]:
+    out: set[tuple[bytes, bytes]] = set()
+    for rec in records(r, lo, hi):
+        for table, key, _ in rec.undo:
+            out.add((TABLE_NAMES[table], key))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    path: str
+    change: str  # A M D
+    old: tuple[int, bytes] | None  # (mode, content or link target)
+    new: tuple[int, bytes] | None
+
+
+class Timeline:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.ov = ctx.overlay
+
+    # -- finding checkpoints ----------------------------------------------------
+
+    def all(self, r: ReadTxn) -> list[Checkpoint]:
+        return [Checkpoint.unpack(from_u64(k), v) for k, v in r.range_from(CKPTS)]
+
+    def newest_first(self, r: ReadTxn) -> Iterator[Checkpoint]:
+        """Checkpoints from the newest back (stop early: the history may be long)."""
+        for k, v in r.range_from(CKPTS, reverse=True):
+            yield Checkpoint.unpack(from_u64(k), v)
+
+    def latest(self) -> Checkpoint | None:
+        return self.store.read(lambda r: next(self.newest_first(r), None))
+
+    def get(self, r: ReadTxn, ref: Any) -> Checkpoint:
+        """A checkpoint by id, name, or @before-last (the state before the last restore)."""
+        if isinstance(ref, bool) or not isinstance(ref, (int, str)):
+            raise UserError(f"checkpoint must be an id or a name, not {ref!r}")
+        if isinstance(ref, str) and ref == "@before-last":
+            for ck in self.newest_first(r):
+                if ck.kind == "restore":
+                    return self.get(r, ck.id - 1)  # see _mark_before_restore
+            raise UserError("@before-last: there has been no restore yet")
+        cid: int | None = None
+        if isinstance(ref, int) or ref.isdigit():
+            cid = int(ref)
+        else:
+            raw = r.get(NAMES, ref.encode())
+            if raw is not None:
+                cid = from_u64(raw)
+        raw = r.get(CKPTS, u64(cid)) if cid is not None and 0 <= cid < 1 << 63 else None
+        if raw is None:
+            raise UserError(f"unknown checkpoint {ref!r}: 'overlayckpt log' lists them")
+        return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]
+
+    # -- states ---------------------------------------------------------------
+
+    def state(self, r: ReadTxn, ck: Checkpoint | None) -> Any:
+        """The state at ck, or the live state for None."""
+        if ck is None:
+            return r
+        return AtCheckpoint(r, delta_since(r, ck.seq))
+
+    # -- making checkpoints ---------------------------------------------------
+
+    def checkpoint(self, name: str | None, message: str | None, caller: Caller) -> Checkpoint:
+        if name is not None:
+            if not name or name.isdigit() or name.startswith("@") or "/" in name or len(name) > 200:
+                raise UserError(f"bad checkpoint name {name!r}: use letters, digits, '-', '_', '.'")
+
+        def fn(w: WriteTxn) -> Checkpoint:
+            if name is not None and w.get(NAMES, name.encode()) is not None:
+                raise UserError(f"checkpoint name {name!r} is taken: pick another")
+            close_open_group(w)
+            seq = next_seq(w)
+            return new_checkpoint(w, seq, seq, "named", name, message, caller.pid, caller.comm)
+        return self.store.write(fn)
+
+    def seal(self) -> None:
+        """Close the pending group so the live state is a checkpoint of its own."""
+        self.store.write(close_open_group)
+
+    # -- restore --------------------------------------------------------------
+
+    async def restore(self, ref: Any, caller: Caller, paths: list[str] | None = None,
+                      what: str = "both") -> dict[str, Any]:
+        """Put code, conversation or both back to a checkpoint, in one transaction."""
+        code = what in ("code", "both")
+        if code:
+            await self.ctx.flush_kernel()
+        changed: list[tuple[bytes, bytes]] = []
+        warnings: list[str] = []
+
+        def fn(w: WriteTxn) -> Checkpoint:
+            changed.clear()
+            warnings.clear()
+            close_open_group(w)
+            target = self.get(w, ref)
+            self._mark_before_restore(w, caller)
+            if what in ("conversation", "both"):
+                move_head(w, target.conv_head)
+            delta = delta_since(w, target.seq) if code else {}
+            if paths is not None:
+                delta, warn = self._select(w, target, delta, paths)
+                warnings.extend(warn)
+            undo: list[tuple[int, bytes, bytes | None]] = []
+            codes = {name: code for code, name in TABLE_NAMES.items()}
+            for (table, key), value in delta.items():
+                current = w.get(table, key)
+                if current == value:
+                    continue
+                undo.append((codes[table], key, current))
+                if value is None:
+                    w.delete(table, key)
+                else:
+                    w.put(table, key, value)
+                changed.append((table, key))
+            touched = sorted(self._paths_since(w, target.seq, paths)) if code else []
+            return append_closed(w, caller, "restore", tuple(touched), tuple("M" for _ in touched),
+                                 undo, "restore", target.id)
+        ck = self.store.write(fn)
+        await self._invalidate(changed)
+        return {"id": ck.id, "restored": ck.restored_from, "what": what,
+                "changed_keys": len(changed), "warnings": warnings}
+
+    def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
+        """Make the checkpoint just before a restore the exact state it replaces."""
+        latest = next(self.newest_first(w))
+        if latest.seq != next_seq(w) or latest.conv_head != w.meta_int(CONV_HEAD_KEY, 0):
+            seq = next_seq(w)
+            new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
+
+    def _paths_since(self, r: ReadTxn, seq: int, only: list[str] | None) -> set[str]:
+        out: set[str] = set()
+        for rec in records(r, seq, next_seq(r)):
+            out.update(rec.paths)
+        if only is not None:
+            out &= set(p.strip("/") for p in only)
+        return out
+
+    async def _invalidate(self, changed: list[tuple[bytes, bytes]]) -> None:
+        inodes: set[int] = set()
+        entries: set[tuple[int, bytes]] = set()
+        for table, key in changed:
+            if table == DIRENTS:
+                entries.add((from_u64(key[:8]), key[8:]))
+                inodes.add(from_u64(key[:8]))
+            else:
+                inodes.add(from_u64(key[:8]))
+        # In-memory hints about lower paths and names stay valid: they describe
+        # the immutable lower or are re-learned on the next lookup.
+        if inodes or entries:
+            await self.ctx.invalidate(sorted(inodes), sorted(entries))
+
+    def _select(self, r: ReadTxn, target: Checkpoint, delta: Delta, paths: list[str]
+                ) -> tuple[Delta, list[str]]:
+        """The part of delta that puts only these paths (and what is below them) back."""
+        then = AtCheckpoint(r, delta)
+        keep: set[tuple[bytes, bytes]] = set()
+        inos: set[int] = set()
+        for path in paths:
+            parts = [os.fsencode(p) for p in path.strip("/").split("/") if p not in ("", ".")]
+            if not parts or b".." in parts:
+                raise UserError(f"bad path {path!r}: give a path inside the mount, without '..'")
+            parent_then: int | None = ROOT_INO
+            parent_now: int | None = ROOT_INO
+            for i, name in enumerate(parts):
+                last = i == len(parts) - 1
+                ino_then = self._lookup_or_none(then, parent_then, name)
+                ino_now = self._lookup_or_none(r, parent_now, name)
+                if ino_then is None and ino_now is None:
+                    raise UserError(f"{path} exists neither at checkpoint {target.id} nor now")
+                for parent in {parent_then, parent_now} - {None}:
+                    keep.add((DIRENTS, u64(parent) + name))  # type: ignore[operator]
+                for ino in (ino_then, ino_now):
+                    if ino is not None:
+                        keep.add((NODES, u64(ino)))
+                        if last:
+                            inos.update(self._subtree(then, ino) | self._subtree(r, ino))
+                parent_then, parent_now = ino_then, ino_now
+                if ino_then is None or ino_now is None:
+                    if not last and ino_then is None:
+                        break
+        selected: Delta = {}
+        for (table, key), value in delta.items():
+            if (table, key) in keep or from_u64(key[:8]) in inos:
+                selected[(table, key)] = value
+        chosen = {p.strip("/") for p in paths}
+        others: set[str] = set()
+        for ck in self.newest_first(r):
+            if ck.seq <= target.seq:
+                break
+            if ck.kind == "restore":
+                continue
+            group = {p for rec in records(r, ck.start_seq, ck.seq) for p in rec.paths}
+            if group & chosen:
+                others |= group - chosen
+        warnings = []
+        if others:
+            warnings.append("changed together with files not being restored: "
+                            + ", ".join(sorted(others)[:10]))
+        return selected, warnings
+
+    def _lookup_or_none(self, state: Any, parent: int | None, name: bytes) -> int | None:
+        if parent is None:
+            return None
+        try:
+            return self.ov.lookup(state, parent, name)
+        except FsError:
+            return None
+
+    def _subtree(self, state: Any, ino: int) -> set[int]:
+        out = {ino}
+        try:
+            node = self.ov.node(state, ino)
+        except FsError:
+            return out
+        if node.is_dir:
+            out.update(child for _, child, _ in self.ov.walk(state, ino))
+        return out
+
+    # -- diff -----------------------------------------------------------------
+
+    def changes(self, r: ReadTxn, a: Checkpoint, b: Checkpoint | None,
+                only: list[str] | None = None) -> list[FileChange]:
+        """What differs between the trees at a and b (None: live), path by path."""
+        sa, sb = self.state(r, a), self.state(r, b)
+        lo, hi = sorted((a.seq, b.seq if b else next_seq(r)))
+        keys = keys_between(r, lo, hi)
+        dirty_inos = {from_u64(k[:8]) for t, k in keys if t != DIRENTS}
+        dirty_dirs = {from_u64(k[:8]) for t, k in keys if t == DIRENTS}
+        dirty_dirs |= self._ancestors(r, sa, sb, dirty_inos | dirty_dirs)
+        out: list[FileChange] = []
+        self._diff_dir(sa, sb, ROOT_INO, ROOT_INO, "", dirty_inos, dirty_dirs, out)
+        if only:
+            wanted = [p.strip("/") for p in only]
+            out = [c for c in out if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
+        return out
+
+    def _ancestors(self, r: ReadTxn, sa: Any, sb: Any, inos: set[int]) -> set[int]:
+        out: set[int] = set()
+        for state in (sa, sb, r):
+            for ino in inos:
+                out |= self.ov.ancestors(state, ino)
+        return out
+
+    def _content(self, state: Any, ino: int, node: Node) -> tuple[int, bytes]:
+        if node.is_link:
+            return node.mode, self.ov.readlink(state, ino, node)
+        if node.is_reg:
+            return node.mode, self.ov.read_all(state, ino, node)
+        return node.mode, b""
+
+    def _diff_dir(self, sa: Any, sb: Any, ia: int | None, ib: int | None, prefix: str,
+                  dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange]) -> None:
+        ea = {n: (c, cn) for n, c, cn in self.ov.entries(sa, ia)} if ia is not None else {}
+        eb = {n: (c, cn) for n, c, cn in self.ov.entries(sb, ib)} if ib is not None else {}
+        for name in sorted(set(ea) | set(eb)):
+            path = prefix + os.fsdecode(name)
+            a = ea.get(name)
+            b = eb.get(name)
+            na = (a[1] or self.ov.node(sa, a[0])) if a else None
+            nb = (b[1] or self.ov.node(sb, b[0])) if b else None
+            a_dir = na is not None and na.is_dir
+            b_dir = nb is not None and nb.is_dir
+            if a and b and a[0] == b[0] and a[0] not in dirty_inos and a[0] not in dirty_dirs:
+                continue  # same inode, untouched in between: same content and subtree
+            if a_dir or b_dir:
+                if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]
+                    continue
+                self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]
+                               path + "/", dirty_inos, dirty_dirs, out)
+            ca = self._content(sa, a[0], na) if a and not a_dir else None  # type: ignore[arg-type]
+            cb = self._content(sb, b[0], nb) if b and not b_dir else None  # type: ignore[arg-type]
+            if ca == cb:
+                continue
+            change = "A" if ca is None else "D" if cb is None else "M"
+            out.append(FileChange(path, change, ca, cb))
+

@@ -1,0 +1,298 @@
+"""The read side of the overlay: what the tree looks like in one state.
+
+A *state* is anything with `get`, `prefix` and `block` over the tables (the
+live tables in a read or write transaction, or a checkpoint's view built by
+timeline.py). `Tree` merges it with the lower directory: an entry of the
+dirents table replaces or hides (whiteout) the lower entry of the same name; a
+node record replaces the lower attributes; a block map entry replaces the
+lower block. Plain Python, no FUSE, no LMDB: errors are FsError.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Protocol
+
+from overlayckpt.errors import FsError, enoent
+from overlayckpt.core.lower import Lower, LowerFile, join
+from overlayckpt.records import (
+    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, ROOT_INO, WHITEOUT, Node, bmap_key, dirent_key,
+    from_u64, lower_ino, u64, xattr_key,
+)
+from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
+
+
+class State(Protocol):
+    def get(self, table: bytes, key: bytes) -> bytes | None: ...
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def block(self, digest: bytes) -> bytes: ...
+
+
+def node_from_stat(st: os.stat_result, origin: bytes) -> Node:
+    return Node(st.st_mode, st.st_uid, st.st_gid, st.st_size if not stat.S_ISDIR(st.st_mode) else 0,
+                st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_rdev,
+                origin, st.st_size if stat.S_ISREG(st.st_mode) else 0, 0, None)
+
+
+class Tree:
+    """Resolve names, attributes and content of any state over the lower."""
+
+    def __init__(self, lower: Lower, block_size: int) -> None:
+        self.lower = lower
+        self.bs = block_size
+        # ino -> lower path, for lower entries that have no node record yet.
+        # Lower paths are facts about the immutable lower, valid in every state.
+        self.lower_paths: dict[int, bytes] = {ROOT_INO: b""}
+        # ino -> (parent ino, name) as last seen; only to name paths in the journal.
+        self.parents: dict[int, tuple[int, bytes]] = {}
+        self._lower_files: OrderedDict[bytes, LowerFile] = OrderedDict()
+
+    # -- identity -------------------------------------------------------------
+
+    def ino_of_lower(self, st: os.stat_result, path: bytes) -> int:
+        ino = ROOT_INO if not path else lower_ino(st.st_ino)
+        self.lower_paths.setdefault(ino, path)
+        return ino
+
+    def path_of(self, ino: int) -> str:
+        parts: list[bytes] = []
+        for _ in range(4096):
+            if ino == ROOT_INO:
+                return os.fsdecode(b"/".join(reversed(parts)))
+            up = self.parents.get(ino)
+            if up is None:
+                lp = self.lower_paths.get(ino)
+                if lp is not None:
+                    parts.append(lp)
+                    return os.fsdecode(b"/".join(reversed(parts)))
+                return f"<inode {ino}>"
+            parts.append(up[1])
+            ino = up[0]
+        return f"<inode {ino}>"
+
+    def child_path(self, parent: int, name: bytes) -> str:
+        base = self.path_of(parent)
+        return f"{base}/{os.fsdecode(name)}" if base else os.fsdecode(name)
+
+    # -- attributes -----------------------------------------------------------
+
+    def node(self, s: State, ino: int) -> Node:
+        raw = s.get(NODES, u64(ino))
+        if raw is not None:
+            return Node.unpack(raw)
+        path = self.lower_paths.get(ino)
+        if path is None:
+            raise FsError(errno.ESTALE, f"unknown inode {ino}")
+        return node_from_stat(self.lower.stat(path), path)
+
+    def has_record(self, s: State, ino: int) -> bool:
+        return s.get(NODES, u64(ino)) is not None
+
+    def merges_lower(self, node: Node) -> bool:
+        return node.origin is not None and not node.flags & F_OPAQUE
+
+    # -- names ----------------------------------------------------------------
+
+    def lookup(self, s: State, parent: int, name: bytes) -> int:
+        """The inode at parent/name, or FsError(ENOENT)."""
+        if parent == ROOT_INO and name == CONTROL_NAME:
+            raise enoent()
+        raw = s.get(DIRENTS, dirent_key(parent, name))
+        if raw is not None:
+            if raw == WHITEOUT:
+                raise enoent()
+            ino = from_u64(raw)
+            self.parents[ino] = (parent, name)
+            return ino
+        pnode = self.node(s, parent)
+        if not pnode.is_dir:
+            raise FsError(errno.ENOTDIR)
+        if not self.merges_lower(pnode):
+            raise enoent()
+        path = join(pnode.origin or b"", name)
+        try:
+            st = self.lower.stat(path)
+        except FsError as e:
+            raise FsError(errno.ENOENT if e.errno in (errno.ENOENT, errno.ENOTDIR) else e.errno) from None
+        ino = self.ino_of_lower(st, path)
+        self.parents[ino] = (parent, name)
+        return ino
+
+    def entries(self, s: State, ino: int) -> list[tuple[bytes, int, Node | None]]:
+        """Directory listing: (name, inode, node if already known) in a stable order."""
+        node = self.node(s, ino)
+        if not node.is_dir:
+            raise FsError(errno.ENOTDIR)
+        merged: dict[bytes, tuple[int, Node | None]] = {}
+        if self.merges_lower(node):
+            base = node.origin or b""
+            for name, st in self.lower.listdir(base):
+                path = join(base, name)
+                child = self.ino_of_lower(st, path)
+                merged[name] = (child, None if self.has_record(s, child) else node_from_stat(st, path))
+        for key, val in s.prefix(DIRENTS, u64(ino)):
+            name = key[8:]
+            if val == WHITEOUT:
+                merged.pop(name, None)
+            else:
+                merged[name] = (from_u64(val), None)
+        if ino == ROOT_INO:
+            merged.pop(CONTROL_NAME, None)
+        out = []
+        for name, (child, cnode) in sorted(merged.items()):
+            self.parents[child] = (ino, name)
+            out.append((name, child, cnode))
+        return out
+
+    def is_empty_dir(self, s: State, ino: int) -> bool:
+        return not self.entries(s, ino)
+
+    # -- content --------------------------------------------------------------
+
+    def lower_file(self, origin: bytes) -> LowerFile:
+        f = self._lower_files.get(origin)
+        if f is None:
+            f = self.lower.open_file(origin)
+            self._lower_files[origin] = f
+            if len(self._lower_files) > 128:
+                self._lower_files.popitem(last=False)[1].close()
+        else:
+            self._lower_files.move_to_end(origin)
+        return f
+
+    def forget_lower_files(self) -> None:
+        for f in self._lower_files.values():
+            f.close()
+        self._lower_files.clear()
+
+    def _lower_bytes(self, origin: bytes, off: int, size: int) -> bytes:
+        data = self.lower_file(origin).pread(size, off)
+        return data if len(data) == size else data + bytes(size - len(data))
+
+    def read(self, s: State, ino: int, node: Node, off: int, size: int) -> bytes:
+        if not node.is_reg:
+            raise FsError(errno.EISDIR if node.is_dir else errno.EINVAL)
+        end = min(node.size, off + size)
+        if off >= end:
+            return b""
+        if not self.has_record(s, ino):
+            return self._lower_bytes(node.origin or b"", off, end - off)
+        bs = self.bs
+        out: list[bytes] = []
+        lower_run = -1  # start offset of a run of lower-backed bytes not yet read
+        pos = off
+        while pos < end:
+            bstart = pos - pos % bs
+            stop = min(end, bstart + bs)
+            digest = s.get(BMAP, bmap_key(ino, bstart // bs))
+            if digest is None and node.origin is not None and pos < node.lower_valid:
+                if lower_run < 0:
+                    lower_run = pos
+                lim = min(stop, node.lower_valid)
+                if lim < stop:
+                    out.append(self._lower_bytes(node.origin, lower_run, lim - lower_run))
+                    out.append(bytes(stop - lim))
+                    lower_run = -1
+            else:
+                if lower_run >= 0:
+                    out.append(self._lower_bytes(node.origin or b"", lower_run, pos - lower_run))
+                    lower_run = -1
+                if digest is None:
+                    out.append(bytes(stop - pos))
+                else:
+                    out.append(s.block(digest)[pos - bstart:stop - bstart])
+            pos = stop
+        if lower_run >= 0:
+            out.append(self._lower_bytes(node.origin or b"", lower_run, end - lower_run))
+        return b"".join(out)
+
+    def read_all(self, s: State, ino: int, node: Node | None = None) -> bytes:
+        node = node or self.node(s, ino)
+        return self.read(s, ino, node, 0, node.size)
+
+    def readlink(self, s: State, ino: int, node: Node) -> bytes:
+        if not node.is_link:
+            raise FsError(errno.EINVAL)
+        if node.target is not None:
+            return node.target
+        return self.lower.readlink(node.origin or b"")
+
+    # -- xattrs ---------------------------------------------------------------
+
+    def xattrs(self, s: State, ino: int, node: Node) -> dict[bytes, bytes]:
+        if node.flags & F_XATTRS_OWN or node.origin is None:
+            return {k[8:]: v for k, v in s.prefix(XATTRS, u64(ino))}
+        return self.lower.xattrs(node.origin)
+
+    def getxattr(self, s: State, ino: int, node: Node, name: bytes) -> bytes:
+        if node.flags & F_XATTRS_OWN or node.origin is None:
+            val = s.get(XATTRS, xattr_key(ino, name))
+        else:
+            val = self.lower.xattrs(node.origin).get(name)
+        if val is None:
+            raise FsError(errno.ENODATA)
+        return val
+
+    # -- ancestry -------------------------------------------------------------
+
+    def ancestors(self, s: State, ino: int) -> set[int]:
+        """The directories above ino in state s (to prune walks to what changed).
+
+        A node record carries a parent hint. An inode without one is a lower entry
+        that never moved (moving it would have given it a record), so its parent is
+        the lower directory above its lower path.
+        """
+        out: set[int] = set()
+        lower_path = self.lower_paths.get(ino)
+        for _ in range(4096):
+            if ino == ROOT_INO:
+                break
+            raw = s.get(NODES, u64(ino))
+            node = Node.unpack(raw) if raw else None
+            parent = (node.parent if node else 0) or self.parents.get(ino, (0, b""))[0]
+            origin = node.origin if node else lower_path
+            if not parent and origin:
+                parent_path = origin.rpartition(b"/")[0]
+                try:
+                    parent = self.ino_of_lower(self.lower.stat(parent_path), parent_path)
+                except FsError:
+                    parent = 0
+                lower_path = parent_path
+            elif origin is not None and parent:
+                lower_path = origin.rpartition(b"/")[0]
+            if not parent:
+                break
+            out.add(parent)
+            ino = parent
+            if lower_path is not None and self.lower_paths.get(ino) not in (None, lower_path):
+                lower_path = self.lower_paths[ino]
+        out.add(ROOT_INO)
+        return out
+
+    # -- walking --------------------------------------------------------------
+
+    def walk(self, s: State, ino: int = ROOT_INO, prefix: str = ""
+             ) -> Iterator[tuple[str, int, Node]]:
+        """Every entry below ino, parents before children, as (path, ino, node)."""
+        for name, child, cnode in self.entries(s, ino):
+            node = cnode or self.node(s, child)
+            path = f"{prefix}{os.fsdecode(name)}"
+            yield path, child, node
+            if node.is_dir:
+                yield from self.walk(s, child, path + "/")
+
+    def resolve(self, s: State, path: str) -> int:
+        """The inode at a path relative to the root, never following symlinks."""
+        if "\0" in path:
+            raise FsError(errno.EINVAL, "a path cannot contain a NUL byte")
+        ino = ROOT_INO
+        for part in path.strip("/").split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise FsError(errno.EINVAL, "'..' is not allowed in a path")
+            ino = self.lookup(s, ino, os.fsencode(part))
+        return ino

@@ -1,0 +1,1 @@
+"""Checkpoints as git commits, and session bundles (export and import)."""

@@ -1,0 +1,128 @@
+"""import: load a session bundle into a new, empty store (verifying every block's digest,
+remapping lower inodes when the target is another checkout).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import blake3
+
+from overlayckpt.errors import UserError
+from overlayckpt.store.info import default_store_dir, read_info, write_info
+from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, FORMAT_KEY, META
+from overlayckpt.export.bundle import BundleReader, unlink_quietly
+from overlayckpt.export.remap import Remap, repo_remap
+
+
+def _store_is_empty(store: Store) -> bool:
+    def fn(r: ReadTxn) -> bool:
+        if any(r.count(t) for t in TABLES if t != META):
+            return False
+        return all(k in (FORMAT_KEY, BLOCK_SIZE_KEY) for k, _ in r.range_from(META))
+    return store.read(fn)
+
+
+def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[str, Any]:
+    bundle = BundleReader(path)
+    try:
+        header = bundle.header
+        repo = repo or header.get("repo")
+        if not repo or not os.path.isdir(repo):
+            raise UserError(f"the bundle's repo {repo} is not a directory here: give --repo DIR "
+                            "(the directory the session was recorded on, or a checkout of it)")
+        repo = os.path.realpath(repo)
+        remap = repo_remap(header, repo, path)
+        store_dir = os.path.abspath(store_dir or default_store_dir(repo))
+        if os.path.exists(store_dir) and not os.path.isdir(store_dir):
+            raise UserError(f"{store_dir} exists and is not a directory: pick another --store")
+        before = set(os.listdir(store_dir)) if os.path.isdir(store_dir) else None
+        store = Store.open(store_dir, create=True, block_size=int(header["block_size"]))
+        failed = True
+        try:
+            if not _store_is_empty(store):
+                failed = False  # not ours to clean
+                raise UserError(f"store {store_dir} already holds a session: import into a new "
+                                "--store (import never merges sessions)")
+            counts = _load(store, bundle, remap)
+            failed = False
+        finally:
+            if failed and before is not None and "data.mdb" in before:
+                _clear(store)
+            store.close()
+            if failed and (before is None or "data.mdb" not in before):
+                _remove_new(store_dir, before)
+    finally:
+        bundle.close()
+    info = read_info(store_dir)
+    info.update(repo=repo, window=header.get("window", 1.0), block_size=int(header["block_size"]),
+                imported_from=os.path.abspath(path))
+    write_info(store_dir, info)
+    return {"store": store_dir, "repo": repo, "checkpoints": counts.get("ckpts", 0),
+            "blocks": counts.get("blocks", 0), "records": counts}
+
+
+def _remove_new(store_dir: str, before: set[str] | None) -> None:
+    """Undo a failed import into a directory it created or found empty."""
+    if before is None:
+        shutil.rmtree(store_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(store_dir)) - before:
+        unlink_quietly(os.path.join(store_dir, name))
+
+
+def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dict[str, int]:
+    counts = {t.decode(): 0 for t in TABLES}
+    batch: list[tuple[bytes, bytes, bytes]] = []
+    size = 0
+
+    def flush() -> None:
+        def fn(w: Any) -> None:
+            for table, key, value in batch:
+                if table == BLOCKS and w.get(BLOCKS, key) is not None:
+                    continue  # content-addressed: already here
+                w.put(table, key, value)
+        store.write(fn)
+        batch.clear()
+
+    for table, key, value in bundle.records():
+        if table == BLOCKS:
+            try:
+                ok = blake3.blake3(store.decode_block(value)).digest() == key
+            except Exception:
+                ok = False
+            if not ok:
+                raise UserError(f"{bundle.path} is damaged (block {key.hex()[:16]} does not match its "
+                                "digest): export the bundle again")
+        counts[table.decode()] += 1
+        if remap is not None:
+            key, value = remap.row(table, key, value)
+        batch.append((table, key, value))
+        size += len(key) + len(value)
+        if len(batch) >= 20000 or size >= 64 << 20:
+            flush()
+            size = 0
+    if remap is not None:
+        batch += [(META, key, value) for key, value in remap.meta_rows()]
+    if batch:
+        flush()
+    expected = getattr(bundle, "trailer", {}).get("counts")
+    if expected != counts:
+        raise UserError(f"{bundle.path} is incomplete (expected {expected}, found {counts}): "
+                        "export the bundle again")
+    return counts
+
+
+def _clear(store: Store) -> None:
+    """Empty a store that an import failed to fill (it was empty before)."""
+    def fn(w: Any) -> None:
+        for table in TABLES:
+            if table == META:
+                for k, _ in list(w.range_from(META)):
+                    if k not in (FORMAT_KEY, BLOCK_SIZE_KEY):
+                        w.delete(META, k)
+            else:
+                w.txn.drop(store.dbs[table], delete=False)
+    store.write(fn)

@@ -1,0 +1,1 @@
+"""The FUSE side: the pyfuse3 adapter, attributes, the control directory, checkpoint views, the C fast path."""

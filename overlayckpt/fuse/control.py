@@ -1,0 +1,255 @@
+"""The hidden control directory `.overlayckpt` at the mount root.
+
+readdir of the root never lists it, lookup finds it. Its entries:
+  ctl                 write one JSON command per line, read the replies back
+                      from the same open handle; a malformed line fails the
+                      write with EINVAL and the reply says why
+  status.json         read-only status
+  conversation.jsonl  append-only conversation sidecar
+  checkpoints/ID/     read-only view of the tree at checkpoint ID (names are
+                      symlinks to ids)
+Served with direct_io: every read asks the daemon. The kernel may keep the
+names (they never change) and the attributes of the directory and of ctl (its
+mode and size never change), which spares a checkpoint request two lookups and
+two permission checks; status.json keeps no cached attributes, so a stat of it
+always reaches the daemon (client.is_stale relies on that).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyfuse3
+
+from overlayckpt.errors import FsError, UserError
+from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
+from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
+
+log = logging.getLogger(__name__)
+
+KEPT = 3600.0  # seconds the kernel may keep what never changes (see the module doc)
+DIR_INO = CONTROL_INO_BASE + 1
+CTL_INO = CONTROL_INO_BASE + 2
+STATUS_INO = CONTROL_INO_BASE + 3
+CONV_INO = CONTROL_INO_BASE + 4
+CKPTS_INO = CONTROL_INO_BASE + 5
+VIEW_INO_BASE = CONTROL_INO_BASE + (1 << 32)
+
+MAX_LINE = 1 << 20  # one command or conversation line; longer is EINVAL
+
+FILES = {b"ctl": CTL_INO, b"status.json": STATUS_INO, b"conversation.jsonl": CONV_INO,
+         b"checkpoints": CKPTS_INO}
+
+
+class Session(Protocol):
+    """What the control directory needs from the running session."""
+
+    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]: ...
+    def status(self) -> dict[str, Any]: ...
+    def conversation_text(self) -> bytes: ...
+    def conversation_append(self, line: bytes) -> None: ...
+
+
+class Views(Protocol):
+    """Read-only checkpoint views (see views.py)."""
+
+    def ids(self) -> list[tuple[bytes, int | None, bytes | None]]: ...
+    async def lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes: ...
+    async def getattr(self, ino: int) -> pyfuse3.EntryAttributes: ...
+    async def listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]: ...
+    async def readlink(self, ino: int) -> bytes: ...
+    async def read(self, ino: int, off: int, size: int) -> bytes: ...
+    def root_attr(self, cid: int) -> pyfuse3.EntryAttributes: ...
+    def listing_mtime_ns(self) -> int: ...
+
+
+@dataclass(slots=True)
+class ControlHandle:
+    ino: int
+    flags: int
+    pending: bytearray = field(default_factory=bytearray)
+    reply: bytearray = field(default_factory=bytearray)
+    snapshot: bytes | None = None
+    discarding: bool = False
+    replied: int = 0  # bytes of reply already read: ctl reads are a stream, like a socket
+
+
+class ControlFs:
+    def __init__(self, session: Session, views: Views | None = None) -> None:
+        self.session = session
+        self.views = views
+
+    def _attr(self, v: VirtualAttr) -> pyfuse3.EntryAttributes:
+        return virtual_attrs(v)
+
+    def _vattr(self, ino: int) -> VirtualAttr:
+        if ino == DIR_INO:
+            return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT, attr_timeout=KEPT)
+        if ino == CKPTS_INO:
+            # the kernel keeps this listing (see _kcache.c) until the mtime changes
+            mtime_ns = self.views.listing_mtime_ns() if self.views is not None else 0
+            return VirtualAttr(ino, stat.S_IFDIR | 0o755, mtime_ns=mtime_ns, entry_timeout=KEPT)
+        if ino == CTL_INO:
+            return VirtualAttr(ino, stat.S_IFREG | 0o600, entry_timeout=KEPT, attr_timeout=KEPT)
+        if ino == STATUS_INO:
+            return VirtualAttr(ino, stat.S_IFREG | 0o444, entry_timeout=KEPT)
+        if ino == CONV_INO:
+            return VirtualAttr(ino, stat.S_IFREG | 0o644, len(self.session.conversation_text()),
+                               entry_timeout=KEPT)
+        raise FsError(errno.ENOENT)
+
+    async def lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
+        if parent == ROOT_INO and name == CONTROL_NAME:
+            return self._attr(self._vattr(DIR_INO))
+        if parent == DIR_INO and name in FILES:
+            return self._attr(self._vattr(FILES[name]))
+        if self.views is not None and (parent == CKPTS_INO or parent >= VIEW_INO_BASE):
+            return await self.views.lookup(parent, name)
+        raise FsError(errno.ENOENT)
+
+    async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
+        if ino >= VIEW_INO_BASE and self.views is not None:
+            return await self.views.getattr(ino)
+        return self._attr(self._vattr(ino))
+
+    async def setattr(self, ino: int) -> pyfuse3.EntryAttributes:
+        # `echo ... > ctl` truncates before writing: accept it as a no-op.
+        if ino in (CTL_INO, CONV_INO):
+            return self._attr(self._vattr(ino))
+        raise FsError(errno.EROFS if ino >= VIEW_INO_BASE else errno.EPERM)
+
+    async def readlink(self, ino: int) -> bytes:
+        if self.views is None:
+            raise FsError(errno.EINVAL)
+        return await self.views.readlink(ino)
+
+    async def listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+        if ino == DIR_INO:
+            out = [(b".", self._attr(self._vattr(DIR_INO))), (b"..", self._attr(self._vattr(DIR_INO)))]
+            return out + [(name, self._attr(self._vattr(i))) for name, i in FILES.items()]
+        if ino == CKPTS_INO or ino >= VIEW_INO_BASE:
+            if self.views is None:
+                return []
+            return await self.views.listing(ino)
+        raise FsError(errno.ENOTDIR)
+
+    async def open(self, ino: int, flags: int) -> ControlHandle:
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
+        if ino >= VIEW_INO_BASE:
+            if writing or flags & os.O_TRUNC:
+                raise FsError(errno.EROFS)
+            return ControlHandle(ino, flags)
+        if ino in (DIR_INO, CKPTS_INO):
+            raise FsError(errno.EISDIR)
+        if ino == STATUS_INO and writing:
+            raise FsError(errno.EACCES)
+        handle = ControlHandle(ino, flags)
+        if ino == STATUS_INO:
+            handle.snapshot = (json.dumps(self.session.status(), indent=2) + "\n").encode()
+        elif ino == CONV_INO:
+            handle.snapshot = self.session.conversation_text()
+        return handle
+
+    async def read(self, h: ControlHandle, off: int, size: int) -> bytes:
+        if h.ino >= VIEW_INO_BASE and self.views is not None:
+            return await self.views.read(h.ino, off, size)
+        if h.ino == CTL_INO:
+            # the write moved the file offset; replies are read from where reading left off
+            data = bytes(h.reply[h.replied:h.replied + size])
+            h.replied += len(data)
+            return data
+        return (h.snapshot or b"")[off:off + size]
+
+    async def write(self, h: ControlHandle, off: int, buf: bytes) -> int:
+        if h.ino not in (CTL_INO, CONV_INO):
+            raise FsError(errno.EROFS if h.ino >= VIEW_INO_BASE else errno.EPERM)
+        lines = self._take_lines(h, buf)
+        if h.ino == CTL_INO and h.pending.strip() and not h.discarding:
+            # a last command without its newline still runs if it is complete JSON
+            try:
+                json.loads(h.pending)
+            except Exception:
+                pass
+            else:
+                lines.append(bytes(h.pending))
+                h.pending.clear()
+        failed = False
+        for line in lines:
+            if line is None:
+                failed = True
+                if h.ino == CTL_INO:
+                    self._reply(h, {"ok": False, "error": f"line longer than {MAX_LINE} bytes: "
+                                                         "this handle takes no more; reopen ctl"})
+            elif h.ino == CTL_INO:
+                failed |= not await self._run(h, line)
+            else:
+                try:
+                    self.session.conversation_append(line)
+                except UserError:
+                    failed = True
+        if failed:
+            raise FsError(errno.EINVAL)
+        return len(buf)
+
+    @staticmethod
+    def _take_lines(h: ControlHandle, buf: bytes) -> list[bytes | None]:
+        """The complete, non-blank lines buf finishes; None for a line over MAX_LINE.
+
+        After an over-long line the handle refuses everything: a writer retrying
+        after EINVAL would otherwise have the tail of that line run as a command.
+        """
+        if h.discarding:
+            return [None]
+        out: list[bytes | None] = []
+        h.pending += buf
+        while b"\n" in h.pending:
+            line, _, rest = bytes(h.pending).partition(b"\n")
+            h.pending[:] = rest
+            if len(line) > MAX_LINE:
+                h.discarding = True
+                h.pending.clear()
+                return out + [None]
+            if line.strip():
+                out.append(line)
+        if len(h.pending) > MAX_LINE:
+            h.pending.clear()
+            h.discarding = True
+            out.append(None)
+        return out
+
+    async def _run(self, h: ControlHandle, line: bytes) -> bool:
+        try:
+            cmd = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
+            return False
+        try:
+            if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
+                raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
+            # (a ValueError from inside a command is our bug, not malformed input: below)
+            result = await self.session.command(cmd)
+        except (UserError, FsError) as e:
+            self._reply(h, {"ok": False, "error": str(e)})
+            return False
+        except Exception as e:  # a bad command must never take the daemon or the reply down
+            log.exception("control command failed: %r", line[:200])
+            self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
+            return False
+        self._reply(h, {"ok": True, **result})
+        return True
+
+    @staticmethod
+    def _reply(h: ControlHandle, obj: dict[str, Any]) -> None:
+        h.reply += (json.dumps(obj) + "\n").encode()
+
+    async def release(self, h: ControlHandle) -> None:
+        if h.ino == CONV_INO and h.pending.strip():
+            try:
+                self.session.conversation_append(bytes(h.pending))
+            except UserError:
+                pass

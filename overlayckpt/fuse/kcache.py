@@ -1,0 +1,170 @@
+"""Load the C library (_kcache.c) that answers the FUSE requests needing no Python
+(opens, their releases, the security.capability lookup before every write) and asks
+the kernel to keep pages and directory listings across opens.
+
+It must be loaded before pyfuse3 is imported, because it stands in for libfuse's
+fuse_session_new, which pyfuse3 binds when it is loaded. Without it (not built,
+or pyfuse3 already imported) the mount works as before, only slower.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.machinery
+import inspect
+import logging
+import os
+import sys
+from typing import Any
+
+
+from overlayckpt.records import CONTROL_INO_BASE
+
+log = logging.getLogger(__name__)
+
+# How long pyfuse3's loop watches for the next request in C before it waits in trio.
+SPIN_NS = 30_000
+YIELD_EVERY = 64
+# Write-behind (see _kcache.c): how many bytes of acknowledged writes may wait for
+# Python, and the free space on the store's file system below which none may: far
+# more than those writes can take, so that a full disk fails the write itself.
+MAX_BEHIND = 8 << 20
+MIN_FREE = 64 << 20
+
+_lib: ctypes.CDLL | None = None
+_request_pid: ctypes.c_int | None = None
+_request_seq: ctypes.c_uint64 | None = None
+_request_next: ctypes.c_uint64 | None = None
+
+
+def _library_path() -> str | None:
+    """The built library: next to this module, or in the package root (where setup.py
+    put it before the C sources moved under fuse/csrc/)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for where in (here, os.path.dirname(here)):
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            found = glob.glob(os.path.join(where, "_kcache" + suffix))
+            if found:
+                return found[0]
+    return None
+
+
+def preload() -> None:
+    """Load the library ahead of pyfuse3, in the daemon process only."""
+    global _lib
+    if _lib is not None:
+        return
+    if "pyfuse3" in sys.modules:
+        log.warning("pyfuse3 was imported before the kernel-cache library: directory "
+                    "listings will not be cached by the kernel")
+        return
+    path = _library_path()
+    if path is None:
+        log.warning("kernel-cache library not built (run 'make install'): directory "
+                    "listings will not be cached by the kernel")
+        return
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as e:
+        log.warning("kernel-cache library %s not loaded: %s", path, e)
+        return
+    lib.kcache_configure.argtypes = [ctypes.c_uint64]
+    lib.kcache_configure(CONTROL_INO_BASE)
+    lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
+    lib.kcache_warm_tree.argtypes = [ctypes.c_int]
+    global _request_pid, _request_seq, _request_next
+    _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
+    _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
+    _request_next = ctypes.c_uint64.in_dll(lib, "kcache_request_next")
+    _lib = lib
+
+
+def speed_up_loop(pyfuse3: Any) -> None:
+    """Have pyfuse3's loop take the next request without a trip through trio.
+
+    pyfuse3 waits for each request in trio (a lock, epoll, a reschedule), which
+    costs more than most of our handlers. Its loop looks the waiting function up
+    by name at every request, so we put one in front that first watches the queue
+    in C, without the GIL, for SPIN_NS (a client's next request often follows our
+    reply at once), and otherwise waits in trio as before; so does every
+    YIELD_EVERY-th request, so that timers, signals and threads get their turn.
+    """
+    trio_wait = getattr(pyfuse3, "_wait_fuse_readable", None)
+    # a private function of pyfuse3 3.x's loop (3.0 to 3.5 at least): leave any other alone
+    if _lib is None or not active() or not inspect.iscoroutinefunction(trio_wait) \
+            or not pyfuse3.__version__.startswith("3."):
+        log.info("pyfuse3's loop left as it is")
+        return
+    wait_queued = _lib.kcache_wait_queued
+    wait_queued.argtypes = [ctypes.c_long]
+    wait_queued.restype = ctypes.c_int
+    streak = 0
+    # after a watch that found nothing, every task (pyfuse3 runs several) waits in
+    # trio until a request comes that way, so that no other one holds trio up again
+    idle = False
+
+    async def wait_fuse_readable() -> bool:
+        nonlocal streak, idle
+        if not idle and streak < YIELD_EVERY:
+            if wait_queued(SPIN_NS):
+                streak += 1
+                return True
+            idle = True
+        streak = 0
+        readable = await trio_wait()
+        idle = False
+        return readable
+
+    pyfuse3._wait_fuse_readable = wait_fuse_readable
+
+
+def active() -> bool:
+    """Whether the mounted session's handlers go through the library."""
+    return _lib is not None and _lib.kcache_sessions_wrapped() > 0
+
+
+def request_pid() -> int:
+    """The process of the write request being handled (0 for page writeback)."""
+    return _request_pid.value if _request_pid is not None else 0
+
+
+def request_logged() -> tuple[int, int] | None:
+    """For a write request acknowledged already: its record in the write-behind log
+    and where the next record starts (behind.py); None for any other write."""
+    if _request_seq is None or not _request_seq.value:
+        return None
+    return _request_seq.value, _request_next.value  # type: ignore[union-attr]
+
+
+def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
+    """Let C acknowledge writes before Python stores them, logging each to log_fd
+    (in the store, mapped; size bytes) from record number seq at offset on."""
+    if _lib is None or not active():
+        return
+    err = _lib.kcache_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
+    if err:
+        log.warning("write-behind left off: %s", os.strerror(-err))
+
+
+def warm_tree(dir_fd: int) -> bool:
+    """Have C threads read the metadata of the tree below dir_fd ahead, once: the
+    daemon's first lookups on a cold cache then find the repo's inodes read. False
+    when it did not start (the mount is not served by the library yet, or never)."""
+    if _lib is not None and active():
+        _lib.kcache_warm_tree(dir_fd)
+        return True
+    return False
+
+
+def read_ahead() -> dict[str, Any] | None:
+    """How far warm_tree got: directories listed, and whether the walk has ended."""
+    if _lib is None or not active():
+        return None
+    return {"dirs": ctypes.c_uint64.in_dll(_lib, "kcache_warmed_dirs").value,
+            "done": bool(ctypes.c_int.in_dll(_lib, "kcache_warm_done").value)}
+
+
+def stop_write_behind() -> None:
+    """From now on every write waits for Python again."""
+    if _lib is not None:
+        _lib.kcache_write_behind(-1, 0, 0, 0, 0, 0)

@@ -1,0 +1,220 @@
+"""Session commands on the timeline, answered in the daemon or offline alike.
+
+Each takes the command dict (as sent through the control file) and returns a
+JSON-able dict; a user mistake raises UserError with one line to show.
+"""
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from overlayckpt.errors import FsError, UserError
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.summaries import checkpoint_entry
+from overlayckpt.core.patch import render, stat_lines
+from overlayckpt.records import Checkpoint
+from overlayckpt.service.registry import command
+from overlayckpt.service.session import Session
+from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.core.timeline import Timeline
+
+
+def _caller() -> Caller:
+    return Caller(os.getpid(), "overlayckpt")
+
+
+
+def _opt_str(cmd: dict[str, Any], key: str) -> str | None:
+    value = cmd.get(key)
+    if value is not None and not isinstance(value, str):
+        raise UserError(f'"{key}" must be a string')
+    return value
+
+
+def _paths(cmd: dict[str, Any]) -> list[str] | None:
+    paths = cmd.get("paths")
+    if paths is None:
+        return None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise UserError('"paths" must be a list of strings')
+    for p in paths:
+        if os.path.isabs(p) or ".." in p.split("/"):
+            raise UserError(f"path {p!r} must be relative to the mount root and without '..'")
+    return paths
+
+
+@command("checkpoint", durable=True)
+async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    ck = Timeline(s.ctx).checkpoint(_opt_str(cmd, "name"), _opt_str(cmd, "message"), _caller())
+    return {"id": ck.id, "name": ck.name, "seq": ck.seq}
+
+
+@command("log")
+async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s.ctx)
+    tl.seal()
+    limit = cmd.get("limit", 0)
+    if not isinstance(limit, int) or limit < 0:
+        raise UserError('"limit" must be a non-negative integer')
+    file = _opt_str(cmd, "file")
+    # lines added/removed cost a diff each: only for the newest entries
+    counted = cmd.get("lines", 20)
+    if not isinstance(counted, int) or counted < 0:
+        raise UserError('"lines" must be a non-negative integer')
+
+    def fn(r: ReadTxn) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        cks = tl.all(r)
+        for i in range(len(cks) - 1, -1, -1):
+            entry = checkpoint_entry(r, cks[i])
+            if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
+                continue
+            if len(out) < counted and i > 0 and entry["files"] and cks[i].kind != "restore":
+                entry["added"], entry["removed"] = _line_counts(s, tl, r, cks[i - 1], cks[i],
+                                                                [f["path"] for f in entry["files"]])
+            out.append(entry)
+            if limit and len(out) >= limit:
+                break
+        return out
+    return {"checkpoints": s.store.read(fn)}
+
+
+def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
+                 paths: list[str]) -> tuple[int, int]:
+    """Lines added and removed by one checkpoint (cached: a checkpoint never changes)."""
+    key = (prev.id, ck.id)
+    if key not in s.line_counts:
+        counts = stat_lines(tl.changes(r, prev, ck, paths))
+        s.line_counts[key] = (sum(c[2] for c in counts), sum(c[3] for c in counts))
+    return s.line_counts[key]
+
+
+@command("restore", durable=True)
+async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    if "id" not in cmd:
+        raise UserError('restore needs "id" (a checkpoint id or name)')
+    what = cmd.get("what", "both")
+    if what not in ("code", "conversation", "both"):
+        raise UserError('"what" must be "code", "conversation" or "both"')
+    paths = _paths(cmd)
+    if paths is not None and what != "code":
+        if "what" in cmd and what != "code":
+            raise UserError("restoring chosen paths restores code only: drop --conversation/--both")
+        what = "code"
+    result = await Timeline(s.ctx).restore(cmd["id"], _caller(), paths, what)
+    if what in ("conversation", "both"):
+        result.update(_claude_resume(s, result["restored"]))
+    return result
+
+
+def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
+    """For Claude Code sessions: a transcript cut back to the checkpoint, to resume from."""
+    from overlayckpt.core.agents import cut_transcript
+    from overlayckpt.core.conversation import live_lines
+    tl = Timeline(s.ctx)
+    lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
+    for line in reversed(lines):
+        path = line.get("transcript_path")
+        if line.get("agent") == "claude-code" and path and os.path.isfile(path):
+            try:
+                new_id, new_path = cut_transcript(path, line["time"])
+            except (OSError, ValueError):
+                return {}
+            return {"claude_resume": f"claude --resume {new_id}", "transcript": new_path}
+    return {}
+
+
+@command("conversation")
+async def _conversation(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.conversation import all_lines, live_lines
+    tl = Timeline(s.ctx)
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        if cmd.get("all"):
+            return {"lines": all_lines(r)}
+        if cmd.get("at") is not None:
+            return {"lines": live_lines(r, tl.get(r, cmd["at"]).conv_head)}
+        return {"lines": live_lines(r)}
+    return s.store.read(fn)
+
+
+def _two(s: Session, r: ReadTxn, tl: Timeline, cmd: dict[str, Any]) -> tuple[Checkpoint, Checkpoint | None]:
+    # without A: everything since the session started (checkpoint 0)
+    a = tl.get(r, cmd["a"] if cmd.get("a") is not None else 0)
+    b = tl.get(r, cmd["b"]) if cmd.get("b") is not None else None
+    return a, b
+
+
+@command("diff")
+async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s.ctx)
+    paths = _paths(cmd)
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        a, b = _two(s, r, tl, cmd)
+        changes = tl.changes(r, a, b, paths)
+        result: dict[str, Any] = {"a": a.id, "b": b.id if b else "live",
+                                  "files": [{"path": p, "change": c, "added": ad, "removed": rm}
+                                            for p, c, ad, rm in stat_lines(changes)]}
+        if not cmd.get("stat"):
+            result["patch"] = render(changes)
+        return result
+    return s.store.read(fn)
+
+
+@command("show")
+async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s.ctx)
+    path = _opt_str(cmd, "path")
+    if "id" not in cmd:
+        raise UserError('show needs "id"')
+
+    def fn(r: ReadTxn) -> dict[str, Any]:
+        ck = tl.get(r, cmd["id"])
+        state = tl.state(r, ck)
+        ov = s.overlay
+        if path:
+            try:
+                ino = ov.resolve(state, path)
+            except FsError:
+                raise UserError(f"{path} does not exist at checkpoint {ck.id}") from None
+            node = ov.node(state, ino)
+            if node.is_dir:
+                names = [os.fsdecode(n) for n, _, _ in ov.entries(state, ino)]
+                return {"id": ck.id, "path": path, "type": "dir", "entries": names}
+            data = ov.readlink(state, ino, node) if node.is_link else ov.read_all(state, ino, node)
+            return {"id": ck.id, "path": path, "type": "symlink" if node.is_link else "file",
+                    "mode": node.mode, "content_b64": base64.b64encode(data).decode()}
+        files = [{"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
+                  "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)]
+        return {"id": ck.id, "files": files}
+    return s.store.read(fn)
+
+
+@command("apply", durable=True)
+async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.apply import apply_checkpoint, apply_live
+    force = bool(cmd.get("force"))
+    if cmd.get("checkpoint") is not None:
+        stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force)
+    else:
+        stats = apply_live(s.ctx, force)
+    return {"repo": s.repo, **stats}
+
+
+@command("fsck", durable=True)
+async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.maintenance import fsck, repair
+    repaired = repair(s.store)["dropped"] if cmd.get("repair") else []
+    return {**fsck(s.store), "repaired": repaired}
+
+
+@command("gc", durable=True)
+async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.maintenance import DEFAULT_BUDGET, gc, thin
+    budget = cmd.get("budget", DEFAULT_BUDGET)
+    if not isinstance(budget, int) or budget < 0:
+        raise UserError('"budget" must be a number of bytes')
+    result = thin(s.store, budget)  # runs gc itself when it thinned anything
+    return result if "removed_blocks" in result else {**result, **gc(s.store)}

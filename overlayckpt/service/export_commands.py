@@ -1,0 +1,69 @@
+"""The export_git and export_bundle commands (export/ does the work; import runs offline,
+from the CLI, on a new store).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import trio
+
+from overlayckpt.errors import UserError
+from overlayckpt.service.registry import command
+from overlayckpt.service.session import Session
+from overlayckpt.export.bundle import write_bundle
+from overlayckpt.export.exporter import GitExport
+from overlayckpt.export.gitnames import session_name
+
+
+_locks: "weakref.WeakKeyDictionary[Session, trio.Lock]" = weakref.WeakKeyDictionary()
+
+
+@command("export_git", durable=True)
+async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    branch = cmd.get("branch")
+    if branch is not None and not isinstance(branch, str):
+        raise UserError('"branch" must be a string')
+    limit = cmd.get("limit", 0)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise UserError('"limit" must be a non-negative integer')
+    exporter = GitExport(s.ctx, branch)
+    lock = _locks.setdefault(s, trio.Lock())
+    async with lock:  # one export at a time per session (the daemon serves many requests)
+        result = await exporter.run(cmd.get("since"), limit)
+    if result["exported"]:
+        await _show_new_git_objects(s, "refs/heads/" + result["branch"])
+    return result
+
+
+async def _show_new_git_objects(s: Session, ref: str) -> None:
+    """Export added a pack and a ref (with its reflog) to the repo's .git behind the
+    overlay: drop what the overlay and the kernel cached of .git, including negative
+    entries for the ref's names, so git inside the mount sees them."""
+    s.lower.forget_cached()
+    if s.mountpoint is None:
+        return  # no kernel caches to drop
+    git_inos = {path: ino for ino, path in list(s.overlay.lower_paths.items())
+                if path == b".git" or path.startswith(b".git/")}
+    entries = []
+    for top in (".git/", ".git/logs/"):
+        parts = (top + ref).encode().split(b"/")
+        for i in range(1, len(parts)):
+            parent = git_inos.get(b"/".join(parts[:i]))
+            if parent is not None:
+                entries.append((parent, parts[i]))
+    await s.invalidate(list(git_inos.values()), entries)
+
+
+@command("export_bundle")
+async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    path = cmd.get("path")
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise UserError('export_bundle needs "path": an absolute file path')
+    mnt = s.mountpoint
+    # never stat or open anything inside our own mount: the daemon would wait on itself
+    if mnt and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
+        raise UserError(f"{path} is inside the mount {mnt}: write the bundle outside it")
+    info = {"repo": s.repo, "window": s.overlay.window, "session": session_name(s.store.path)}
+    return await trio.to_thread.run_sync(write_bundle, s.store, path, info, s.lower.fd)

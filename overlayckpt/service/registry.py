@@ -1,0 +1,24 @@
+"""The command registry: which JSON command runs which handler, and which are durable.
+
+Command modules (commands.py, export_commands.py) register their handlers with
+`@command`; they are imported for that in one place only, this package's
+__init__.py, so that nothing else imports a command module for its side effect.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+# (session, command) -> result; the session is service.session.Session
+Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
+COMMANDS: dict[str, Handler] = {}
+DURABLE: set[str] = set()  # commands whose changes survive a power cut once they answer
+
+
+def command(name: str, durable: bool = False) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        COMMANDS[name] = fn
+        if durable:
+            DURABLE.add(name)
+        return fn
+    return register

@@ -1,0 +1,165 @@
+"""One session: its parts (a core Context, built here once), and the answer to a command.
+
+The same `Session` answers commands inside the daemon (through the control
+file) and in the CLI for an unmounted session (`--store`), so both paths run
+the same code. Commands take and return plain JSON-able dicts; they are
+registered in registry.py (by commands.py and export_commands.py, which this
+package's __init__ imports). What the mount adds (kernel hooks, read-ahead,
+kernel status) comes in as arguments of `Session.open`, never afterwards.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
+from overlayckpt.core.lower import Lower
+from overlayckpt.core.overlay import Overlay, make_durable
+from overlayckpt.errors import UserError
+from overlayckpt.service.registry import COMMANDS, DURABLE, command
+from overlayckpt.store.info import read_info, write_info
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.tables import BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY
+
+log = logging.getLogger(__name__)
+
+# What the status command adds of the mount's kernel side (fuse/kcache.py), given by
+# the mount at construction; a session opened without a mount has none of it.
+StatusExtra = Callable[[], dict[str, Any]]
+
+
+def no_kernel_status() -> dict[str, Any]:
+    return {"kernel_dir_cache": False, "repo_read_ahead": None}
+
+
+class Session:
+    """A session's parts (ctx, handed to the core) and what only the service keeps:
+    apply-on-unmount, the log's line counts, the mount's kernel status."""
+
+    def __init__(self, ctx: Context, *, apply_on_exit: bool = False,
+                 kernel_status: StatusExtra = no_kernel_status) -> None:
+        self.ctx = ctx
+        # the same objects as ctx's: a Session serves wherever the core takes a Context
+        self.store = ctx.store
+        self.lower = ctx.lower
+        self.overlay = ctx.overlay
+        self.repo = ctx.repo
+        self.mountpoint = ctx.mountpoint
+        self.apply_on_exit = apply_on_exit
+        self.line_counts: dict[tuple[int, int], tuple[int, int]] = {}  # see commands.log
+        self.kernel_status = kernel_status
+
+    # the context's hooks, so that a Session too serves where a Context is taken
+    @property
+    def invalidate(self) -> Invalidate:
+        return self.ctx.invalidate
+
+    @property
+    def flush_kernel(self) -> FlushKernel:
+        return self.ctx.flush_kernel
+
+    @classmethod
+    def open(cls, store_dir: str, repo: str | None = None, *, create: bool = False,
+             block_size: int | None = None, window: float | None = None,
+             mountpoint: str | None = None, apply_on_exit: bool = False,
+             invalidate: Invalidate = no_invalidate, flush_kernel: FlushKernel = no_flush,
+             warm: Callable[[int], bool] | None = None,
+             kernel_status: StatusExtra = no_kernel_status) -> "Session":
+        """Open (or create) the session in store_dir; the mount passes its kernel hooks,
+        the read-ahead of the repo (warm) and its kernel status, everyone else none."""
+        info = read_info(store_dir)
+        if repo is None and not os.path.exists(os.path.join(store_dir, "data.mdb")):
+            raise UserError(f"{store_dir} is not an overlayckpt session store")
+        store = Store.open(store_dir, create=create, block_size=block_size)
+        if repo is None:
+            raw = store.read(lambda r: r.get(META, REPO_KEY))
+            repo = info.get("repo") or (raw.decode(errors="surrogateescape") if raw else None)
+            if not repo:
+                store.close()
+                raise UserError(f"{store_dir} is not an overlayckpt session store")
+        try:
+            from overlayckpt.core.apply import pin_lookup
+            lower = Lower(repo, pin_lookup(store), warm=warm)
+        except Exception:
+            store.close()
+            raise
+        if window is None:
+            window = float(info.get("window", 1.0))
+        overlay = Overlay(store, lower, window=window)
+        try:
+            from overlayckpt.core.behind import discard, recover
+            if store.cache_lost:
+                discard(store_dir)  # its pages may be a mix of old and new: never replayed
+            else:
+                recover(overlay, store_dir)  # what a killed daemon acknowledged, never stored
+            absrepo = os.fsencode(os.path.realpath(repo))
+            if store.read(lambda r: r.get(META, REPO_KEY)) != absrepo:
+                store.write(lambda w: w.put(META, REPO_KEY, absrepo))
+                store.sync()
+        except Exception:
+            store.close()
+            lower.close()
+            raise
+        info.update(repo=os.path.realpath(repo), window=window, block_size=store.block_size)
+        write_info(store_dir, info)
+        ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
+                      invalidate=invalidate, flush_kernel=flush_kernel)
+        return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status)
+
+    def close(self) -> None:
+        self.lower.close()
+        self.store.close()
+
+    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = cmd.get("cmd")
+        handler = COMMANDS.get(name)  # type: ignore[arg-type]
+        if handler is None:
+            raise UserError(f"unknown command {name!r}; known: {', '.join(sorted(COMMANDS))}")
+        result = await handler(self, cmd)
+        if name in DURABLE:
+            await make_durable(self.store)
+        return result
+
+    def status(self) -> dict[str, Any]:
+        from overlayckpt.core.timeline import Timeline
+        tl = Timeline(self.ctx)
+        counts = self.store.read(lambda r: {
+            "checkpoints": r.count(CKPTS), "journal": r.count(JOURNAL),
+            "blocks": r.count(BLOCKS), "nodes": r.count(NODES)})
+        live = tl.latest()
+        return {
+            "repo": self.repo, "mountpoint": self.mountpoint, "store": self.store.path,
+            "pid": os.getpid() if self.mountpoint else None,
+            # never stat the mountpoint here: the daemon would wait on itself
+            "in_place": self.mountpoint == self.repo,
+            "apply_on_unmount": self.apply_on_exit,
+            **self.kernel_status(),  # kernel_dir_cache, repo_read_ahead
+            "live_checkpoint": live.id if live else None,
+            "block_size": self.store.block_size,
+            "store_bytes": self.store.disk_bytes(), **counts,
+        }
+
+    def conversation_text(self) -> bytes:
+        from overlayckpt.core.conversation import live_text
+        return live_text(self.store)
+
+    def conversation_append(self, line: bytes) -> None:
+        from overlayckpt.core.conversation import append_line
+        append_line(self.store, line)
+
+
+@command("status")
+async def _status(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    return s.status()
+
+
+@command("set_apply")
+async def _set_apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    value = cmd.get("apply")
+    if not isinstance(value, bool):
+        raise UserError('"apply" must be true or false')
+    s.apply_on_exit = value
+    return {"apply_on_unmount": value}
+

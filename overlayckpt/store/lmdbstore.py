@@ -1,0 +1,477 @@
+"""The LMDB environment of one session: the only module that imports lmdb.
+
+Concurrency rules: one writer. A write transaction belongs to the thread that
+opened it and is opened and committed inside one synchronous call
+(`Store.write`), so it can never span an `await`. Commits do not fsync (the
+OS page cache keeps them across a daemon crash). A sync point makes them
+durable against a power cut and is what the filesystem's fsync, a checkpoint
+and a restore wait for: `sync_begin` on the writer's thread pins the newest
+snapshot, `sync_flush` (any thread, serialized) fdatasyncs and records it
+(synced.py), `sync_end` on the writer's thread drops the older pins.
+
+Opening a store that was not closed cleanly first decides which snapshot to
+trust (synced.py), then verifies it with lmdb's offline verifier; a damaged
+store is refused (StoreDamaged), never served.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import blake3
+import lmdb
+import lmdb.verify
+import zstandard
+
+from overlayckpt.store import synced
+from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
+from overlayckpt.records import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64
+from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, FORMAT_KEY, META, TABLES
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+# Block values start with one byte saying how the rest is encoded.
+_RAW, _ZSTD = b"\0", b"\1"
+_INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
+# A pin keeps LMDB from reusing any page freed after it, so a burst of commits (a package
+# install) would write every commit to fresh pages until the next sync point: one starts,
+# off the writer's thread, after this many commits since the last.
+AUTO_POINT_COMMITS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPoint:
+    txnid: int
+    meta: bytes  # the meta page of txnid, as LMDB wrote it
+
+
+class ReadTxn:
+    """A read view of every table, consistent for its lifetime."""
+
+    def __init__(self, store: "Store", txn: "lmdb.Transaction") -> None:
+        self.store = store
+        self.txn = txn
+
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        return self.txn.get(key, db=self.store.dbs[table])
+
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        if not cur.set_range(prefix):
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            yield k, v
+
+    def range_from(self, table: bytes, start: bytes = b"", reverse: bool = False
+                   ) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with key >= start ascending, or key <= start descending."""
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        if reverse:
+            if start:
+                if cur.set_range(start):
+                    if cur.key() != start and not cur.prev():
+                        return
+                elif not cur.last():
+                    return
+            elif not cur.last():
+                return
+            yield from cur.iterprev()
+        else:
+            if start:
+                if not cur.set_range(start):
+                    return
+            elif not cur.first():
+                return
+            yield from cur.iternext()
+
+    def block(self, digest: bytes) -> bytes:
+        if digest == ZERO_BLOCK:
+            return bytes(self.store.block_size)
+        raw = self.txn.get(digest, db=self.store.dbs[BLOCKS])
+        if raw is None:
+            raise FsError(errno.EIO, f"block {digest.hex()} missing from store")
+        return self.store.decode_block(raw)
+
+    def meta_int(self, name: bytes, default: int = 0) -> int:
+        raw = self.get(META, name)
+        return default if raw is None else from_u64(raw)
+
+    def count(self, table: bytes) -> int:
+        return self.txn.stat(self.store.dbs[table])["entries"]
+
+
+class WriteTxn(ReadTxn):
+    def put(self, table: bytes, key: bytes, value: bytes, append: bool = False) -> None:
+        self.txn.put(key, value, db=self.store.dbs[table], append=append)
+
+    def delete(self, table: bytes, key: bytes) -> None:
+        self.txn.delete(key, db=self.store.dbs[table])
+
+    def put_block(self, data: bytes) -> bytes:
+        """Store one block once, keyed by its blake3 digest; zeros are not stored."""
+        if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
+            return ZERO_BLOCK
+        digest = blake3.blake3(data).digest()
+        db = self.store.dbs[BLOCKS]
+        if self.txn.get(digest, db=db) is None:
+            raw = self.store.encode_block(data)
+            self.txn.put(digest, raw, db=db)
+            self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
+        return digest
+
+    def set_meta_int(self, name: bytes, value: int) -> None:
+        self.put(META, name, u64(value))
+
+    def next_counter(self, name: bytes, first: int) -> int:
+        value = self.meta_int(name, first)
+        self.set_meta_int(name, value + 1)
+        return value
+
+
+class Store:
+    """One session's LMDB environment plus the lock that makes its daemon unique."""
+
+    def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
+                 new: bool, cache_lost: bool) -> None:
+        self.path = path
+        self.env = env
+        self.lock_fd = lock_fd
+        # the page cache of the last daemon may be gone (power cut): what it kept only
+        # there, such as the write-behind log, cannot be trusted (behind.py)
+        self.cache_lost = cache_lost
+        try:
+            # an existing store never gets a missing table made anew (empty): that is damage
+            self.dbs = {name: env.open_db(name, create=new) for name in TABLES}
+        except lmdb.NotFoundError:
+            env.close()
+            raise StoreDamaged(f"store {path} is damaged (a table is missing): nothing was "
+                               f"served; {_WAY_OUT.format(path=path)}") from None
+        self._zc = zstandard.ZstdCompressor(level=1)
+        self._zd = zstandard.ZstdDecompressor()
+        with env.begin(write=True) as txn:
+            w = WriteTxn(self, txn)
+            version = w.meta_int(FORMAT_KEY, 0)
+            if version == 0 and new:
+                w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
+            elif version == 0 or version > FORMAT_VERSION:
+                txn.abort()
+                env.close()
+                if version == 0:
+                    raise StoreDamaged(f"store {path} is damaged (no format record): nothing "
+                                       f"was served; {_WAY_OUT.format(path=path)}")
+                raise UserError(f"store {path} has format {version}, newer than this "
+                                f"overlayckpt understands ({FORMAT_VERSION}): upgrade overlayckpt")
+        self.block_size = self.read(lambda r: r.meta_int(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE))
+        self._psize = env.stat()["psize"]
+        self._data_fd = os.open(os.path.join(path, synced.DATA_NAME), os.O_RDONLY | os.O_CLOEXEC)
+        self._synced_fd = synced.open_file(path)
+        self._ident = synced.incarnation(path)
+        last = synced.load(path)
+        self._counter = last.counter if last else 0
+        self._flush_lock = threading.Lock()
+        self._durable = 0  # txnid of the newest recorded snapshot
+        self._pins: list[tuple[int, "lmdb.Transaction"]] = []
+        self._long_reads = 0  # begin_read views open (map growth must wait for none)
+        self._since_point = 0  # commits since the last sync point began
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
+        self._auto: Future[None] | None = None  # the automatic sync point under way
+        if new:
+            synced.fsync_dir(path)  # data.mdb and lock.mdb themselves
+        self.sync()  # this incarnation's baseline: a crash from now on rolls back no further
+
+    @classmethod
+    def open(cls, path: str, *, create: bool = True, block_size: int | None = None,
+             lock: bool = True) -> "Store":
+        if not os.path.isdir(path):
+            if not create:
+                raise UserError(f"no session store at {path}: mount the repo first or check --store")
+            try:
+                _make_dirs_durably(path)
+            except OSError as e:
+                raise UserError(f"cannot create store {path}: {e.strerror}") from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"store {path} is not writable: fix its permissions or pick --store")
+        lock_fd = None
+        if lock:
+            lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock_fd)
+                raise StoreLocked(
+                    f"store {path} is in use by another overlayckpt daemon: unmount it first") from None
+        try:
+            new = not os.path.exists(os.path.join(path, synced.DATA_NAME))
+            if new and not create:
+                raise UserError(f"no session store at {path}: mount the repo first or check --store")
+            cache_lost = False if new else trust_snapshot(path)
+            try:
+                env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2,
+                                sync=False, metasync=False, readahead=False, max_readers=256,
+                                readonly=False)
+            except lmdb.Error as e:
+                raise UserError(f"cannot open store {path}: {e}") from None
+            env.reader_check()
+            store = cls(path, env, lock_fd, new=new, cache_lost=cache_lost)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        if block_size is not None:
+            def init_bs(w: WriteTxn) -> None:
+                if w.get(META, BLOCK_SIZE_KEY) is None:
+                    w.set_meta_int(BLOCK_SIZE_KEY, block_size)
+            store.write(init_bs)
+            store.block_size = store.read(lambda r: r.meta_int(BLOCK_SIZE_KEY))
+            store.sync()
+        return store
+
+    def close(self) -> None:
+        self._finish_auto(wait=True)
+        self._flusher.shutdown()
+        point = self.sync_begin()
+        if point is None:
+            point = SyncPoint(self._durable, self._meta_of(self._durable))
+        self.sync_flush(point, clean=True)
+        self._drop_pins(keep=0)
+        self.env.close()
+        os.close(self._data_fd)
+        os.close(self._synced_fd)
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+    def read(self, fn: Callable[[ReadTxn], T]) -> T:
+        with self.env.begin(buffers=False) as txn:
+            return fn(ReadTxn(self, txn))
+
+    def begin_read(self) -> ReadTxn:
+        """A long-lived read view (caller must call end_read)."""
+        self._long_reads += 1
+        return ReadTxn(self, self.env.begin(buffers=False))
+
+    def end_read(self, r: ReadTxn) -> None:
+        r.txn.abort()
+        self._long_reads -= 1
+
+    def write(self, fn: Callable[[WriteTxn], T]) -> T:
+        """Run fn in one write transaction; grow the map once if it is full.
+
+        fn must have no effect outside the transaction, since it may run twice.
+        """
+        result = self._commit(fn)
+        self._since_point += 1
+        self._finish_auto(wait=False)
+        if self._auto is None and self._since_point >= AUTO_POINT_COMMITS:
+            point = self.sync_begin()
+            if point is not None:
+                self._auto = self._flusher.submit(self.sync_flush, point)
+        return result
+
+    def _finish_auto(self, wait: bool) -> None:
+        if self._auto is None or not (wait or self._auto.done()):
+            return
+        error = self._auto.exception()
+        self._auto = None
+        if error is not None:  # the next sync point tries again, and an fsync reports it
+            log.warning("automatic sync of the store failed: %s", error)
+        self.sync_end()
+
+    def _commit(self, fn: Callable[[WriteTxn], T]) -> T:
+        for attempt in range(2):
+            try:
+                with self.env.begin(write=True, buffers=False) as txn:
+                    return fn(WriteTxn(self, txn))
+            except lmdb.MapFullError:
+                if attempt:
+                    raise FsError(errno.ENOSPC, "store map full") from None
+                self._grow()
+            except lmdb.Error as e:
+                # a full disk shows up as ENOSPC, or as EIO from a short write at commit
+                if isinstance(e, lmdb.DiskError) or "No space left" in str(e) or self._disk_full():
+                    raise FsError(errno.ENOSPC, "no space left for the store") from None
+                raise
+        raise AssertionError("unreachable")
+
+    def _disk_full(self) -> bool:
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < 4 << 20
+
+    def _grow(self) -> None:
+        # LMDB forbids set_mapsize with any transaction of this process open: make the
+        # newest snapshot durable, so that no pin is needed while none is held
+        if self._long_reads:
+            raise FsError(errno.ENOSPC, "store map full while a long read (an export or "
+                                        "apply) is open: retry when it has finished")
+        self._finish_auto(wait=True)  # its flush relies on its pin
+        self.sync()
+        self._drop_pins(keep=0)
+        new = self.env.info()["map_size"] * 2
+        log.info("growing store map to %d bytes", new)
+        self.env.set_mapsize(new)
+        self.sync_pin()
+
+    # -- durability (see the module docstring and synced.py) --------------------
+
+    def sync(self) -> None:
+        """A whole sync point, on the writer's thread (offline commands, open, close)."""
+        point = self.sync_begin()
+        if point is not None:
+            self.sync_flush(point)
+        self.sync_end()
+
+    def sync_begin(self) -> SyncPoint | None:
+        """Pin the newest snapshot (writer's thread); None if it is already durable."""
+        self._since_point = 0
+        txn = self.env.begin(buffers=False)
+        txnid = txn.id()
+        if txnid <= self._durable or (self._pins and self._pins[-1][0] == txnid):
+            txn.abort()
+            return SyncPoint(txnid, self._meta_of(txnid)) if txnid > self._durable else None
+        self._pins.append((txnid, txn))
+        return SyncPoint(txnid, self._meta_of(txnid))
+
+    def sync_pin(self) -> None:
+        """Pin the durable snapshot again after every pin was dropped (map growth)."""
+        txn = self.env.begin(buffers=False)
+        self._pins.append((txn.id(), txn))
+
+    def sync_flush(self, point: SyncPoint, clean: bool = False) -> None:
+        """Make point's snapshot durable and record it (any thread; may block for long)."""
+        with self._flush_lock:
+            if point.txnid < self._durable or (point.txnid == self._durable and not clean):
+                return
+            self.env.sync(True)
+            self._counter += 1
+            synced.save(self._synced_fd, synced.Record(self._counter, point.txnid, clean,
+                                                       self._psize, self._ident, point.meta))
+            self._durable = point.txnid
+
+    def sync_end(self) -> None:
+        """Drop the pins older than the recorded snapshot (writer's thread)."""
+        self._drop_pins(keep=self._durable)
+
+    def _drop_pins(self, keep: int) -> None:
+        while self._pins and (self._pins[0][0] < keep or not keep):
+            self._pins.pop(0)[1].abort()
+
+    def _meta_of(self, txnid: int) -> bytes:
+        # txn N writes meta slot N & 1, and only N + 2 overwrites it: on the writer's
+        # thread, with N the newest, it is there
+        meta = synced.read_meta(self._data_fd, txnid & 1, self._psize)
+        if synced.meta_txnid(meta) != txnid:
+            raise FsError(errno.EIO, f"store meta page of transaction {txnid} not found")
+        return meta
+
+    def encode_block(self, data: bytes) -> bytes:
+        packed = self._zc.compress(data)
+        if len(packed) < len(data) - len(data) // 8:
+            return _ZSTD + packed
+        return _RAW + data
+
+    def decode_block(self, raw: bytes) -> bytes:
+        if raw[:1] == _ZSTD:
+            return self._zd.decompress(raw[1:])
+        return raw[1:]
+
+    def disk_bytes(self) -> int:
+        try:
+            return os.stat(os.path.join(self.path, "data.mdb")).st_blocks * 512
+        except OSError:
+            return 0
+
+
+_WAY_OUT = ("run 'overlayckpt --store {path} recover' to salvage what can be read into a "
+            "new store (the damaged one is kept beside it)")
+
+
+def _make_dirs_durably(path: str) -> None:
+    """makedirs, with each new directory's entry fsync'd in its parent (else a power cut
+    may take the whole store, and a store that vanished would look like a new one)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_dirs_durably(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    synced.fsync_dir(parent)
+
+
+def trust_snapshot(path: str) -> bool:
+    """Before LMDB opens an existing store: pick the snapshot to trust, and verify it.
+
+    Returns whether the last daemon's page cache may be gone (then the store was rolled
+    back to its last recorded sync point). Raises StoreDamaged if verification fails.
+    """
+    rec = synced.load(path)
+    newest = synced.newest_txnid(path, rec.psize if rec else 4096)
+    if rec is not None and rec.clean and newest == rec.txnid:
+        return False  # closed cleanly: nothing after the record
+    cache_lost = rec is not None and (rec.ident != synced.incarnation(path)
+                                      or newest is None or newest < rec.txnid)
+    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]
+        log.warning("store %s was not closed and its page cache is gone (power cut?): "
+                    "rolling back to its last sync point (transaction %d, was %s)",
+                    path, rec.txnid, newest)  # type: ignore[union-attr]
+        try:
+            synced.roll_back(path, rec)  # type: ignore[arg-type]
+        except OSError as e:
+            raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
+                               f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
+    try:
+        problems = lmdb.verify.verify(path)
+    except (lmdb.verify.VerifyError, OSError) as e:
+        problems = [str(e)]
+    if problems:
+        raise StoreDamaged(f"store {path} is damaged ({problems[0]}; {len(problems)} "
+                           f"problem(s)): nothing was served; {_WAY_OUT.format(path=path)}")
+    return cache_lost
+
+
+def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
+    """Copy every entry LMDB can still read from the damaged store at src into a new
+    store at dst, table by table, committing as it goes (so that if the damage crashes
+    the reader, what was copied before stays). Yields each table's name, entries
+    copied and the error that stopped it."""
+    env = lmdb.open(src, readonly=True, lock=False, max_dbs=len(TABLES) + 2,
+                    map_size=_INITIAL_MAP, readahead=False)
+    out = Store.open(dst, create=True, lock=False)
+    try:
+        for name in TABLES:
+            copied, error = 0, None
+            batch: list[tuple[bytes, bytes]] = []
+
+            def flush() -> None:
+                out.write(lambda w: [w.put(name, k, v) for k, v in batch])
+                batch.clear()
+            try:
+                db = env.open_db(name, create=False)
+                with env.begin(db=db, buffers=False) as txn:
+                    for k, v in txn.cursor():
+                        batch.append((k, v))
+                        copied += 1
+                        if len(batch) >= 4096:
+                            flush()
+            except lmdb.Error as e:
+                error = str(e)
+            flush()
+            yield name.decode(), copied, error
+    finally:
+        env.close()
+        out.close()

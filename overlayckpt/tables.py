@@ -1,0 +1,35 @@
+"""The names of the LMDB tables and of the meta keys: spelled here once, used by name.
+
+docs/design.md ("On-disk schema") gives the meaning of every key and value.
+Imports nothing of ours (rank 0, next to records.py).
+"""
+from __future__ import annotations
+
+# tables
+META = b"meta"          # small values under the keys below
+BLOCKS = b"blocks"      # content hash -> block (compressed or raw)
+NODES = b"nodes"        # inode -> Node
+DIRENTS = b"dirents"    # parent inode + name -> child inode (or a whiteout)
+BMAP = b"bmap"          # inode + block index -> content hash
+XATTRS = b"xattrs"      # inode + name -> value
+JOURNAL = b"journal"    # seq -> JournalRecord
+CKPTS = b"ckpts"        # checkpoint id -> Checkpoint
+NAMES = b"names"        # checkpoint name -> checkpoint id
+PINNED = b"pinned"      # repo path -> what apply pinned
+CONV = b"conv"          # conversation line key -> entry
+SEEN = b"seen"          # repo file -> what the session first saw of it
+
+TABLES = (META, BLOCKS, NODES, DIRENTS, BMAP, XATTRS, JOURNAL, CKPTS, NAMES, PINNED, CONV, SEEN)
+
+# keys in META
+FORMAT_KEY = b"format"            # store format version
+BLOCK_SIZE_KEY = b"block_size"    # the session's block size
+BLOCK_BYTES_KEY = b"block_bytes"  # bytes held in BLOCKS
+SEQ_KEY = b"seq"                  # the next journal seq
+GROUP_KEY = b"group"              # the open automatic group
+NEXT_INO_KEY = b"next_ino"        # counter of upper inodes
+NEXT_CKPT_KEY = b"next_ckpt"      # counter of checkpoint ids
+CONV_HEAD_KEY = b"conv_head"      # the live conversation's last line
+CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
+WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
+REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
