@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml setup.py overlayckpt/_kcache.c
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -x -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider tests
 
 stress: install
 	$(PY) -m pytest -q -p no:cacheprovider -m stress tests
