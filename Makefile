@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayck
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -x -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # the in-process tier only (no FUSE, no root): seconds, for while changing code
 test-fast: install

@@ -1,9 +1,12 @@
 """Fixtures that mount for real and always unmount, also when a test fails."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
@@ -19,6 +22,7 @@ CLI = [sys.executable, "-m", "overlayckpt"]
 
 def run_cli(*args: str, check: bool = True, input: str | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    _note_daemon_store(args)
     proc = subprocess.run(CLI + list(args), capture_output=True, text=True, input=input, cwd=cwd,
                           env=env, timeout=300)
     if check and proc.returncode != 0:
@@ -109,6 +113,25 @@ class Mount:
             f.write((json.dumps(cmd) + "\n").encode())
             return json.loads(f.read().decode().strip().splitlines()[-1])
 
+    def kill_daemon(self) -> None:
+        """kill -9 the daemon (no clean shutdown), then wait until its mount is stale."""
+        pid = daemon_pid(self.store)
+        assert pid and proc_alive(pid), "no live daemon to kill"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while proc_alive(pid) or not self.stale():
+            assert time.monotonic() < deadline, f"daemon {pid} did not die, or its mount answers"
+            time.sleep(0.02)
+
+    def stale(self) -> bool:
+        """The daemon is gone (the mount root's attributes may still come from the
+        kernel's cache: ask for something never cached)."""
+        try:
+            os.stat(self.mnt / ".overlayckpt" / "status.json")
+        except OSError as e:
+            return e.errno == errno.ENOTCONN
+        return False
+
 
 def is_mounted(path: str) -> bool:
     with open("/proc/self/mounts") as f:
@@ -129,27 +152,87 @@ def repo(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "repo")
 
 
+def tear_down(mounts: list[Mount], fsck: bool) -> None:
+    """Unmount each mount (lazily if it must), wait for its daemon to exit, kill it if it
+    does not, then (fsck) check every store that was made."""
+    seen: dict[tuple[Path, Path], Mount] = {(m.mnt, m.store): m for m in mounts}
+    problems = []
+    for m in seen.values():
+        force_unmount(str(m.mnt))
+    for m in seen.values():
+        problem = stop_daemon(m.store)
+        force_unmount(str(m.mnt))  # a killed daemon leaves a stale mount behind
+        if problem:
+            problems.append(problem)
+    assert not problems, "; ".join(problems)
+    for m in seen.values() if fsck else ():
+        if not (m.store / "data.mdb").exists():
+            continue  # the mount failed before it made a store
+        proc = run_cli("--store", str(m.store), "fsck", check=False)
+        assert proc.returncode == 0, f"fsck after the test:\n{proc.stdout}{proc.stderr}"
+
+
 @pytest.fixture
 def mount_factory(tmp_path: Path) -> Iterator:
-    """Mount any repo at a separate mountpoint; unmount everything at teardown."""
+    """Mount any repo at a separate mountpoint; unmount everything at teardown.
+
+    A mount is recorded before the CLI starts its daemon, so that a mount that fails
+    half-way (a daemon started, the CLI timed out or raised) is torn down too."""
     mounts: list[Mount] = []
 
     def factory(repo: Path, *extra: str, name: str = "mnt") -> Mount:
         mnt = tmp_path / name
         mnt.mkdir(exist_ok=True)
         store = tmp_path / f"store-{name}"
-        run_cli("mount", str(repo), str(mnt), "--store", str(store), *extra)
         m = Mount(repo, mnt, store)
         mounts.append(m)
+        run_cli("mount", str(repo), str(mnt), "--store", str(store), *extra)
         return m
 
     yield factory
-    for m in mounts:
-        force_unmount(str(m.mnt))
-    for m in mounts:
-        wait_daemon_gone(m.store)
-        proc = run_cli("--store", str(m.store), "fsck", check=False)
-        assert proc.returncode == 0, f"fsck after the test:\n{proc.stdout}{proc.stderr}"
+    tear_down(mounts, fsck=True)
+
+
+@pytest.fixture
+def torn_down() -> Iterator:
+    """For tests that mount by themselves (in place, `run`): torn_down(mnt, store) before
+    the CLI mounts; at teardown the mount is unmounted and its daemon ended, whatever
+    happened in the test."""
+    mounts: list[Mount] = []
+
+    def track(mnt: Path, store: Path) -> None:
+        mounts.append(Mount(mnt, mnt, store))
+
+    yield track
+    tear_down(mounts, fsck=False)
+
+
+def _is_our_daemon(pid: int, store: Path) -> bool:
+    """pid is an overlayckpt daemon of this store (not a process that reused the number)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"overlayckpt" in argv and os.fsencode(os.path.abspath(store)) in argv
+
+
+def stop_daemon(store: Path, timeout: float = 60) -> str | None:
+    """After the unmount: wait (bounded) for the store's daemon to exit; kill -9 it if it
+    does not. Returns what went wrong, or None if it exited by itself."""
+    pid = daemon_pid(store)
+    if not pid or not proc_alive(pid) or not _is_our_daemon(pid, store):
+        return None
+    deadline = time.monotonic() + timeout
+    while proc_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not proc_alive(pid):
+        return None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while proc_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return f"the daemon {pid} of {store} did not exit within {timeout:.0f} s after the unmount: killed"
 
 
 def wait_daemon_gone(store: Path, timeout: float = 60) -> None:
@@ -183,3 +266,114 @@ def mounted(repo: Path, mount_factory) -> Iterator[Mount]:
     yield m
     force_unmount(str(m.mnt))
     assert tree_digest(str(repo)) == before, "the lower repo changed while mounted"
+
+
+# -- the daemons' logs ---------------------------------------------------------------
+#
+# Every store a test mounts through run_cli ("mount" or "run" with --store) is noted;
+# after each test, what its daemon wrote to <store>/daemon.log since the last check
+# must hold no traceback, no ERROR or CRITICAL and no WARNING, except the warnings
+# below, which tests provoke on purpose (message pattern, test id pattern, and why).
+# (test_powercut.py starts its daemons with its own cli() and reads their logs itself.)
+
+DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
+    # kill -9 (or SIGTERM) while C had acknowledged writes Python had not stored yet: the
+    # next mount (or the daemon itself, after SIGTERM) replays them from the write-behind
+    # log and says so. The crash tests kill on purpose; these two check this very line.
+    (r"WARNING overlayckpt\.behind: stored \d+ writes that a stopped daemon had acknowledged",
+     r"test_reliability\.py::(test_crash_|test_restore_both_is_both_or_neither_when_killed|"
+     r"test_writes_acknowledged_before_they_were_stored_survive_kill|"
+     r"test_sigterm_stores_acknowledged_writes_before_it_applies|"
+     r"test_stale_mount_is_reported_and_cleared)"
+     r"|test_stress\.py::"),
+    # the restore removed the file a write was acknowledged for: the test checks that
+    # the file's fsync reports it, the daemon logs it as it should
+    (r"ERROR overlayckpt\.fuseops: a write of \d+ bytes at \d+ to inode \d+ failed after it "
+     r"was acknowledged \(Stale file handle\)",
+     r"test_timeline\.py::test_write_to_a_file_a_restore_removed_fails_at_fsync"),
+    # the repo changed behind the mount on purpose: the unmount's apply refuses, and the
+    # daemon logs the refusal (with its traceback) before the CLI reports it in one line
+    (r"ERROR overlayckpt\.mount: apply at unmount failed|"
+     r"UserError: the repo itself changed since the session began",
+     r"test_cli\.py::test_apply_refuses_to_overwrite_changes_made_in_the_repo"),
+    # any test that unmounts right after closing a file: the kernel sends the release
+    # without waiting for it and the unmount aborts the connection, so the daemon's
+    # answer to it finds no request (ENOENT) and pyfuse3 logs that; the release itself ran
+    (r"ERROR pyfuse3: fuse_release\(\): fuse_reply_\* failed with No such file or directory",
+     r""),
+]
+
+_daemon_logs: dict[Path, int] = {}  # daemon.log -> bytes already checked
+
+
+def _note_daemon_store(args: tuple[str, ...]) -> None:
+    if ("mount" in args or "run" in args) and "--store" in args:
+        i = args.index("--store")
+        if i + 1 < len(args):
+            log = Path(os.path.abspath(args[i + 1])) / "daemon.log"
+            if log not in _daemon_logs:
+                try:
+                    _daemon_logs[log] = log.stat().st_size  # what an earlier run wrote
+                except OSError:
+                    _daemon_logs[log] = 0
+
+
+_BAD_LINE = re.compile(r"^overlayckpt: (WARNING|ERROR|CRITICAL) ")
+
+
+def _log_entries(text: str) -> list[str]:
+    """The bad entries of a log: each bad line, and each traceback as one entry (from
+    "Traceback" to its exception line), so that an allowance can name the exception."""
+    entries = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("Traceback (most recent call last)"):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith(" "):
+                j += 1
+            entries.append("\n".join(lines[i:j + 1]))
+            i = j + 1
+            continue
+        if _BAD_LINE.search(lines[i]):
+            entries.append(lines[i])
+        i += 1
+    return entries
+
+
+def daemon_log_problems(nodeid: str) -> list[str]:
+    """New entries in the noted daemon logs that are bad and not allowed for this test."""
+    allowed = [re.compile(msg) for msg, test in DAEMON_LOG_ALLOWED if re.search(test, nodeid)]
+    problems = []
+    for log, done in _daemon_logs.items():
+        try:
+            with open(log, "rb") as f:
+                f.seek(done)
+                new = f.read()
+        except OSError:
+            continue  # gone with its tmpfs or faultfs, or never made
+        _daemon_logs[log] = done + len(new)
+        for entry in _log_entries(new.decode(errors="replace")):
+            if not any(a.search(entry) for a in allowed):
+                problems.append(f"{log}:\n    " + entry.replace("\n", "\n    "))
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def daemon_log_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test whose daemons logged a traceback, an error or an unexpected warning.
+    (Autouse, so set up before and torn down after the test's mount fixtures: the
+    lines a daemon writes while it unmounts are checked too.)"""
+    yield
+    problems = daemon_log_problems(request.node.nodeid)
+    if problems:
+        pytest.fail("the daemon logged:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def daemon_logs_clean_at_the_end() -> Iterator[None]:
+    """What daemons of module-scoped mounts logged after the last test's check."""
+    yield
+    problems = daemon_log_problems("(session end)")
+    if problems:
+        pytest.fail("a daemon logged:\n" + "\n".join(problems), pytrace=False)

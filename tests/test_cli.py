@@ -69,8 +69,9 @@ def test_second_mount_of_a_store_fails_cleanly(repo: Path, mount_factory, tmp_pa
     assert (m.mnt / "README.md").read_text() == "# demo\n\nhello\n"
 
 
-def test_run_returns_the_command_status(repo: Path, tmp_path: Path) -> None:
+def test_run_returns_the_command_status(repo: Path, tmp_path: Path, torn_down) -> None:
     store = tmp_path / "store"
+    torn_down(repo, store)  # run mounts in place: unmounted and its daemon ended whatever happens
     proc = run_cli("run", "--repo", str(repo), "--store", str(store), "--no-apply", "--",
                    "sh", "-c", "echo hi > made.txt; test -d .overlayckpt; exit 7", check=False)
     assert proc.returncode == 7, proc.stderr
@@ -82,8 +83,10 @@ def test_run_returns_the_command_status(repo: Path, tmp_path: Path) -> None:
     assert (repo / "done.txt").read_text() == "ok\n"
 
 
-def test_run_private_hides_the_overlay_from_other_processes(repo: Path, tmp_path: Path) -> None:
+def test_run_private_hides_the_overlay_from_other_processes(repo: Path, tmp_path: Path,
+                                                           torn_down) -> None:
     store = tmp_path / "store"
+    torn_down(repo, store)  # the mount is in run's own namespace: its daemon is killed if left
     probe = f"test -d .overlayckpt && echo inside > private.txt && ! grep -q '{repo}' /proc/1/mountinfo"
     proc = run_cli("run", "--private", "--repo", str(repo), "--store", str(store), "--",
                    "sh", "-c", probe, check=False)

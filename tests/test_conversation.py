@@ -161,17 +161,17 @@ def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path:
     transcript = tmp_path / "projects" / "sess.jsonl"
     transcript.parent.mkdir()
 
-    def entry(text: str) -> str:
+    def entry(text: str, at: float) -> str:
         return json.dumps({"sessionId": "sess", "type": "user", "message": text,
-                           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time()))})
-    lines = [entry("first")]
-    transcript.write_text("\n".join(lines) + "\n")
+                           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(at))})
+    # the entries' times are chosen, not waited for: "first" before the hook's line (where
+    # the restore cuts), "second" after it, each a minute away from now
+    transcript.write_text(entry("first", time.time() - 60) + "\n")
     event = dict(EVENTS["UserPromptSubmit"], transcript_path=str(transcript), cwd=str(m.mnt))
     subprocess.run(CLI + ["hook", "claude-code"], input=json.dumps(event), text=True, check=True)
     cid = m.cli("checkpoint").stdout.strip()
-    time.sleep(1.1)  # the transcript's timestamps have millisecond resolution, one second apart
     with open(transcript, "a") as f:
-        f.write(entry("second") + "\n")
+        f.write(entry("second", time.time() + 60) + "\n")
     out = m.cli("restore", cid).stdout
     assert "claude --resume" in out
     new_id = out.split("claude --resume ")[1].split()[0]

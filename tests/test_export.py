@@ -278,12 +278,14 @@ def test_export_git_every_checkpoint_untouched_user_state(git_repo: Path, mount_
 
 
 @pytest.mark.parametrize("apply", [False, True])
-def test_export_git_from_an_in_place_mount(git_repo: Path, tmp_path: Path, apply: bool) -> None:
+def test_export_git_from_an_in_place_mount(git_repo: Path, tmp_path: Path, apply: bool,
+                                           torn_down) -> None:
     """In place, the repo's .git is only reachable under the mount: the daemon reaches it
     through its lower fd and must neither deadlock nor write through the mount. Git in
     the mount must then see the exported branch, and the unmount's apply must keep it."""
     repo = git_repo
     store = tmp_path / "store-inplace"
+    torn_down(repo, store)  # also when the unmount that applies (after the finally) fails
     run_cli("mount", str(repo), "--store", str(store), "--apply" if apply else "--no-apply")
     exported_in_mount = False
     try:
