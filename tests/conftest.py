@@ -280,7 +280,7 @@ DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
     # kill -9 (or SIGTERM) while C had acknowledged writes Python had not stored yet: the
     # next mount (or the daemon itself, after SIGTERM) replays them from the write-behind
     # log and says so. The crash tests kill on purpose; these two check this very line.
-    (r"WARNING overlayckpt\.behind: stored \d+ writes that a stopped daemon had acknowledged",
+    (r"WARNING overlayckpt\.core\.behind: stored \d+ writes that a stopped daemon had acknowledged",
      r"test_reliability\.py::(test_crash_|test_restore_both_is_both_or_neither_when_killed|"
      r"test_writes_acknowledged_before_they_were_stored_survive_kill|"
      r"test_sigterm_stores_acknowledged_writes_before_it_applies|"
@@ -288,7 +288,7 @@ DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
      r"|test_stress\.py::"),
     # the restore removed the file a write was acknowledged for: the test checks that
     # the file's fsync reports it, the daemon logs it as it should
-    (r"ERROR overlayckpt\.fuseops: a write of \d+ bytes at \d+ to inode \d+ failed after it "
+    (r"ERROR overlayckpt\.fuse\.ops: a write of \d+ bytes at \d+ to inode \d+ failed after it "
      r"was acknowledged \(Stale file handle\)",
      r"test_timeline\.py::test_write_to_a_file_a_restore_removed_fails_at_fsync"),
     # the repo changed behind the mount on purpose: the unmount's apply refuses, and the

@@ -11,6 +11,7 @@ from typing import Any
 
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
+from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.summaries import checkpoint_entry
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
@@ -203,10 +204,13 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"repo": s.repo, **stats}
 
 
-@command("fsck", durable=True)
+@command("fsck")
 async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.maintenance import fsck, repair
-    repaired = repair(s.store)["dropped"] if cmd.get("repair") else []
+    repaired = []
+    if cmd.get("repair"):
+        repaired = repair(s.store)["dropped"]
+        await make_durable(s.store)  # (a plain check changes nothing: no sync point)
     return {**fsck(s.store), "repaired": repaired}
 
 
