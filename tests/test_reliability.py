@@ -1345,9 +1345,9 @@ def waiting_on_daemon(tid: int) -> bool:
 
 @contextlib.contextmanager
 def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
-    """Keep the daemon's Python busy (an fsck of 32 MiB of blocks) while the body
+    """Keep the daemon's Python busy (an fsck of 96 MiB of blocks) while the body
     runs: writes made meanwhile are acknowledged by C and wait in its queue."""
-    (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(32 << 20))
+    (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(96 << 20))
     ctl = os.open(mnt / ".overlayckpt" / "ctl", os.O_RDWR)
     tid: list[int] = []
 
