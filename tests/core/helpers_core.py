@@ -11,27 +11,17 @@ from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import Overlay
 
+from conftest import make_repo
+
 ME = Caller(4242, "agent")
 OTHER = Caller(4343, "other")
 BIG_WINDOW = 1e9  # seconds: a group only ends when another process writes or it is sealed
 
 
 def make_small_repo(path: Path) -> Path:
-    """A repo with nested dirs, a symlink, a hard link, an executable and a multi-block file."""
-    (path / "src" / "pkg").mkdir(parents=True)
-    (path / "docs").mkdir()
-    (path / "empty").mkdir()
-    (path / "README.md").write_text("# demo\n\nhello\n")
-    (path / "src" / "main.py").write_text("import pkg.util\nprint(pkg.util.answer())\n")
-    (path / "src" / "pkg" / "__init__.py").write_text("")
-    (path / "src" / "pkg" / "util.py").write_text("def answer():\n    return 42\n")
-    (path / "docs" / "guide.txt").write_text("".join(f"line {i}\n" for i in range(3000)))  # 6 blocks
-    (path / "bin.dat").write_bytes(bytes(range(256)) * 64 + b"\0" * 8192 + b"tail")
-    run = path / "run.sh"
-    run.write_text("#!/bin/sh\necho run\n")
-    run.chmod(0o755)
-    (path / "link").symlink_to("README.md")
-    os.link(path / "README.md", path / "hardlink.md")
+    """The mount tests' repo, with numbered lines in the multi-block file (6 blocks)."""
+    make_repo(path)
+    (path / "docs" / "guide.txt").write_text("".join(f"line {i}\n" for i in range(3000)))
     return path
 
 

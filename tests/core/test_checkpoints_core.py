@@ -18,7 +18,7 @@ from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
 from overlayckpt.core.timeline import Timeline
 
-from .helpers_core import ME, OTHER, content, exists, ino, native_tree, tree_of
+from .helpers_core import ME, OTHER, content, ino, native_tree, tree_of
 
 REG = stat.S_IFREG | 0o644
 
