@@ -133,14 +133,27 @@ int queue_take(struct fuse_buf *buf)
         pthread_mutex_unlock(&lock);
         return res;
     }
-    if (it != NULL) {
-        __atomic_store_n(&head, it->next, __ATOMIC_RELEASE);
-        if (head == NULL)
-            tail = NULL;
+    if (it == NULL) {
+        /* Woken for nothing. push() queues an item before it writes its byte, so
+           an item can be taken (here, after kcache_wait_queued saw it) before its
+           byte is in the pipe: that byte then comes with the queue empty. Every
+           byte in the pipe belongs to a queued item, so with none queued they are
+           all such bytes: drop them, or the pipe stays readable and pyfuse3's loop
+           spins on it for as long as the mount is idle. */
+        for (;;) {
+            ssize_t n = read(wake[0], &one, 1);
+            if (n > 0 || (n < 0 && errno == EINTR))
+                continue;
+            break;
+        }
+        pthread_mutex_unlock(&lock);
+        return -EINTR;  /* pyfuse3 waits again */
     }
+    __atomic_store_n(&head, it->next, __ATOMIC_RELEASE);
+    if (head == NULL)
+        tail = NULL;
     pthread_mutex_unlock(&lock);
-    if (it == NULL)
-        return -EINTR;  /* woken for nothing: pyfuse3 waits again */
+    /* (EAGAIN: its byte is not written yet; it is dropped when it comes, above) */
     while (read(wake[0], &one, 1) < 0 && errno == EINTR)
         ;
     res = it->res;
