@@ -1345,8 +1345,9 @@ def waiting_on_daemon(tid: int) -> bool:
 
 @contextlib.contextmanager
 def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
-    """Keep the daemon's Python busy (an fsck of 96 MiB of blocks) while the body
-    runs: writes made meanwhile are acknowledged by C and wait in its queue."""
+    """Keep the daemon's Python busy (an fsck --repair of 96 MiB of blocks: a repair
+    writes, so it runs on the loop's thread) while the body runs: writes made
+    meanwhile are acknowledged by C and wait in its queue."""
     (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(96 << 20))
     ctl = os.open(mnt / ".overlayckpt" / "ctl", os.O_RDWR)
     tid: list[int] = []
@@ -1354,7 +1355,7 @@ def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
     def fsck() -> None:
         tid.append(threading.get_native_id())
         with contextlib.suppress(OSError):  # the daemon may die or stop under it
-            os.write(ctl, b'{"cmd": "fsck"}\n')
+            os.write(ctl, b'{"cmd": "fsck", "repair": true}\n')
     checker = threading.Thread(target=fsck)
     checker.start()
     try:
@@ -1366,6 +1367,38 @@ def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
     finally:
         checker.join(timeout=DEADLINE)
         os.close(ctl)
+
+
+def test_requests_are_served_while_a_slow_command_runs(tmp_path: Path) -> None:
+    """A read-only command (here fsck over 96 MiB of blocks) runs off the request loop:
+    creating, writing and stat-ing a new file (requests only Python answers) return
+    while it still runs."""
+    repo = make_repo(tmp_path / "repo")
+    m = Mount(repo, tmp_path / "mnt", tmp_path / "store")
+    try:
+        mount(repo, m.mnt, m.store)
+        (m.mnt / "ballast.bin").write_bytes(random.Random(9).randbytes(96 << 20))
+        ctl = os.open(m.mnt / ".overlayckpt" / "ctl", os.O_RDWR)
+        tid: list[int] = []
+
+        def fsck() -> None:
+            tid.append(threading.get_native_id())
+            os.write(ctl, b'{"cmd": "fsck"}\n')
+        checker = threading.Thread(target=fsck)
+        checker.start()
+        try:
+            wait_for(lambda: tid and waiting_on_daemon(tid[0]), "fsck to start")
+            for i in range(20):
+                probe = m.mnt / f"probe{i}.txt"
+                probe.write_text(f"served {i}\n")  # lookup, create, write, release
+                assert os.stat(probe).st_size == len(f"served {i}\n")
+            assert waiting_on_daemon(tid[0]), "fsck ended first: give it more to check"
+        finally:
+            checker.join(timeout=DEADLINE)
+        assert json.loads(os.pread(ctl, 1 << 20, 0))["clean"]
+        os.close(ctl)
+    finally:
+        cleanup_mount(m)
 
 
 def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import trio
 
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
@@ -19,6 +22,15 @@ from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.core.timeline import Timeline
+
+T = TypeVar("T")
+
+
+async def _off_loop(s: Session, fn: Callable[[ReadTxn], T]) -> T:
+    """Read-only work (diffs, line counts, a whole-store check) in a worker thread, in a
+    read view of its own: the mount's requests are served meanwhile. (LMDB readers may
+    run beside the writer; writes stay on the loop's thread.)"""
+    return await trio.to_thread.run_sync(s.store.read, fn)
 
 
 def _caller() -> Caller:
@@ -78,7 +90,7 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             if limit and len(out) >= limit:
                 break
         return out
-    return {"checkpoints": s.store.read(fn)}
+    return {"checkpoints": await _off_loop(s, fn)}
 
 
 def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
@@ -161,7 +173,7 @@ async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         if not cmd.get("stat"):
             result["patch"] = render(changes)
         return result
-    return s.store.read(fn)
+    return await _off_loop(s, fn)
 
 
 @command("show")
@@ -190,7 +202,7 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         files = [{"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
                   "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)]
         return {"id": ck.id, "files": files}
-    return s.store.read(fn)
+    return await _off_loop(s, fn)
 
 
 @command("apply", durable=True)
@@ -207,10 +219,10 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 @command("fsck")
 async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.maintenance import fsck, repair
-    repaired = []
-    if cmd.get("repair"):
-        repaired = repair(s.store)["dropped"]
-        await make_durable(s.store)  # (a plain check changes nothing: no sync point)
+    if not cmd.get("repair"):  # a plain check changes nothing: off the loop, no sync point
+        return {**await trio.to_thread.run_sync(fsck, s.store), "repaired": []}
+    repaired = repair(s.store)["dropped"]  # (a write: on the loop's thread)
+    await make_durable(s.store)
     return {**fsck(s.store), "repaired": repaired}
 
 

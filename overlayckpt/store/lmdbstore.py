@@ -159,7 +159,9 @@ class Store:
             raise StoreDamaged(f"store {path} is damaged (a table is missing): nothing was "
                                f"served; {_WAY_OUT.format(path=path)}") from None
         self._zc = zstandard.ZstdCompressor(level=1)
-        self._zd = zstandard.ZstdDecompressor()
+        # a zstd context serves one thread at a time: reads also run in worker threads
+        # (commands off the loop), so each thread decompresses with its own
+        self._local = threading.local()
         with env.begin(write=True) as txn:
             w = WriteTxn(self, txn)
             version = w.meta_int(FORMAT_KEY, 0)
@@ -386,7 +388,10 @@ class Store:
 
     def decode_block(self, raw: bytes) -> bytes:
         if raw[:1] == _ZSTD:
-            return self._zd.decompress(raw[1:])
+            zd = getattr(self._local, "zd", None)
+            if zd is None:
+                zd = self._local.zd = zstandard.ZstdDecompressor()
+            return zd.decompress(raw[1:])
         return raw[1:]
 
     def disk_bytes(self) -> int:
