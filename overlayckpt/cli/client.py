@@ -6,8 +6,6 @@ import json
 import os
 from typing import Any
 
-import trio
-
 from overlayckpt.errors import UserError
 
 
@@ -75,6 +73,7 @@ def offline(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.service.session import Session
     session = Session.open(store_dir)
     try:
+        import trio  # (only offline: talking to a daemon needs neither trio nor lmdb)
         return trio.run(session.command, cmd)
     finally:
         session.close()

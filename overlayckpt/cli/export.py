@@ -14,7 +14,6 @@ from typing import Any
 
 
 from overlayckpt.errors import UserError
-from overlayckpt.export.importer import import_bundle
 
 
 CHUNK = 50  # checkpoints per export call from the CLI: progress granularity
@@ -157,6 +156,7 @@ def _bundle_path(file: str) -> str:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from overlayckpt.cli.target import emit
+    from overlayckpt.export.importer import import_bundle  # (lmdb, zstd: only when used)
     result = import_bundle(args.file, args.store, args.repo)
     emit(args, result, lambda r: f"imported {r['checkpoints']} checkpoints into {r['store']} "
                                  f"(repo {r['repo']}); 'overlayckpt --store {r['store']} log' lists them")
