@@ -67,7 +67,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     def text(r: dict[str, Any]) -> str:
         if args.stat:
-            rows = [f" {f['change']} {f['path']} | +{f['added']} -{f['removed']}" for f in r["files"]]
+            rows = [f" {f['change']} {f['path']} | " + ("Bin" if f["added"] is None else
+                                                        f"+{f['added']} -{f['removed']}")
+                    for f in r["files"]]
             rows.append(f" {len(r['files'])} files changed")
             return "\n".join(rows)
         sys.stdout.write(r["patch"])

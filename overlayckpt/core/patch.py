@@ -234,10 +234,14 @@ def render(changes: list[FileChange]) -> str:
     return "".join(parts)
 
 
-def stat_lines(changes: list[FileChange]) -> list[tuple[str, str, int, int]]:
-    """(path, change, lines added, lines removed) per file."""
-    out = []
+def stat_lines(changes: list[FileChange]) -> list[tuple[str, str, int | None, int | None]]:
+    """(path, change, lines added, lines removed) per file; None and None for a binary
+    file, as git's --numstat says "-"."""
+    out: list[tuple[str, str, int | None, int | None]] = []
     for c in changes:
+        if (c.old and _is_binary(c.old[1])) or (c.new and _is_binary(c.new[1])):
+            out.append((c.path, c.change, None, None))
+            continue
         old = c.old[1].splitlines() if c.old else []
         new = c.new[1].splitlines() if c.new else []
         added = removed = 0

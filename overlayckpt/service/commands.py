@@ -99,7 +99,7 @@ def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Che
     key = (prev.id, ck.id)
     if key not in s.line_counts:
         counts = stat_lines(tl.changes(r, prev, ck, paths))
-        s.line_counts[key] = (sum(c[2] for c in counts), sum(c[3] for c in counts))
+        s.line_counts[key] = (sum(c[2] or 0 for c in counts), sum(c[3] or 0 for c in counts))
     return s.line_counts[key]
 
 

@@ -61,6 +61,7 @@ def test_diff_lists_each_change(session: Session) -> None:
                    "src/pkg/util.py": "D", "src/util.py": "A", "to-readme": "A"}
     stats = {p: (a, r) for p, _, a, r in stat_lines(changes)}
     assert stats["newdir/inner.py"] == (1, 0) and stats["src/pkg/util.py"] == (0, 2)
+    assert stats["bin.dat"] == (None, None)  # binary: no line counts, as git's "-"
 
 
 def test_patch_applies_with_git_apply_to_a_copy_of_the_repo(session: Session, repo: Path,
