@@ -141,7 +141,10 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             if session.apply_on_exit:
                 result = {"applied": True, **apply_live(session.ctx)}
         except Exception as e:
-            log.exception("apply at unmount failed")
+            if isinstance(e, UserError):  # a refusal (the repo changed too): one line
+                log.error("apply at unmount refused: %s", e)
+            else:
+                log.exception("apply at unmount failed")
             result = {"applied": False, "error": f"applying to {repo} failed: {e}; the session is "
                                                  f"kept: run 'overlayckpt --store {store_dir} apply'"}
         finally:
