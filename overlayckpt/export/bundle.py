@@ -32,7 +32,9 @@ from overlayckpt.errors import UserError
 from overlayckpt.records import FORMAT_VERSION, iso_time
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.tables import TABLES, FORMAT_KEY
-from overlayckpt.export.identity import identities, lower_files, lower_identity, seen_files
+from overlayckpt.export.identity import (
+    identities, lower_files, lower_identity, lower_links, seen_files,
+)
 
 
 BUNDLE_MAGIC = "overlayckpt-bundle"
@@ -52,6 +54,7 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
                   "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned,
                   "lower_files": lower_files(r, identity, lower),
                   "seen_files": seen_files(r, identity), **info}
+        header["lower_links"] = lower_links(identity, header["lower_files"])
         packer = msgpack.Packer()
         with open(tmp, "wb") as f:
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:

@@ -104,6 +104,18 @@ def lower_files(r: ReadTxn, identity: Identity, lower: list[list[Any]]) -> list[
     return [[ino, *rest] for ino, rest in sorted(out.items())]
 
 
+def lower_links(identity: Identity, files: list[list[Any]]) -> list[list[int]]:
+    """[ino, number of names] of the referenced regular files the repo holds under more
+    than one name: a checkout that split those hard links would show the session's
+    changes under one name only, so import refuses it."""
+    out = []
+    for ino, path, kind, *_ in files:
+        found = identity(path) if kind == stat.S_IFREG else None
+        if found is not None and found[0].st_nlink > 1:
+            out.append([ino, found[0].st_nlink])
+    return out
+
+
 def seen_files(r: ReadTxn, identity: Identity) -> list[list[Any]]:
     """[path, size, digest] of the files the repo still holds as `seen` (apply's conflict
     check) recorded them: import gives a checkout holding the same content their fingerprint."""

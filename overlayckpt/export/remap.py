@@ -72,6 +72,14 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> Remap | N
                                 f"there: import into a checkout of the same commit with {name} as "
                                 "it was (--repo)")
             inos[ino] = lower_ino(found[0].st_ino)
+        paths = {ino: path for ino, path, *_ in files}
+        for ino, nlink in header.get("lower_links", []):  # (absent from older bundles)
+            found = identity(paths[ino]) if ino in paths else None
+            if found is not None and found[0].st_nlink != nlink:
+                name = os.fsdecode(paths[ino])
+                raise UserError(f"{name} has {nlink} names (hard links) in the repo this session "
+                                f"was recorded on but {found[0].st_nlink} in {repo}: import into a "
+                                "checkout that keeps hard links, e.g. a 'cp -a' copy (--repo)")
         seen: dict[bytes, list[int]] = {}
         for path, size, digest in header.get("seen_files", []):
             found = identity(path)
@@ -80,7 +88,6 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> Remap | N
     finally:
         os.close(dirfd)
     # two recorded files must not become one (hard links the recorded repo did not have)
-    paths = {ino: path for ino, path, *_ in files}
     owner: dict[int, int] = {}
     for old, new in inos.items():
         first = owner.setdefault(new, old)
