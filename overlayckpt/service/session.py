@@ -73,9 +73,9 @@ class Session:
         if repo is None and not os.path.exists(os.path.join(store_dir, "data.mdb")):
             raise UserError(f"{store_dir} is not an overlayckpt session store")
         store = Store.open(store_dir, create=create, block_size=block_size)
+        recorded = store.read(lambda r: r.get(META, REPO_KEY))
         if repo is None:
-            raw = store.read(lambda r: r.get(META, REPO_KEY))
-            repo = info.get("repo") or (raw.decode(errors="surrogateescape") if raw else None)
+            repo = info.get("repo") or (os.fsdecode(recorded) if recorded else None)
             if not repo:
                 store.close()
                 raise UserError(f"{store_dir} is not an overlayckpt session store")
@@ -95,7 +95,7 @@ class Session:
             else:
                 recover(overlay, store_dir)  # what a killed daemon acknowledged, never stored
             absrepo = os.fsencode(os.path.realpath(repo))
-            if store.read(lambda r: r.get(META, REPO_KEY)) != absrepo:
+            if recorded != absrepo:
                 store.write(lambda w: w.put(META, REPO_KEY, absrepo))
                 store.sync()
         except Exception:

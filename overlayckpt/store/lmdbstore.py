@@ -144,7 +144,7 @@ class Store:
     """One session's LMDB environment plus the lock that makes its daemon unique."""
 
     def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
-                 new: bool, cache_lost: bool) -> None:
+                 new: bool, cache_lost: bool, last: synced.Record | None) -> None:
         self.path = path
         self.env = env
         self.lock_fd = lock_fd
@@ -180,11 +180,10 @@ class Store:
         self._data_fd = os.open(os.path.join(path, synced.DATA_NAME), os.O_RDONLY | os.O_CLOEXEC)
         self._synced_fd = synced.open_file(path)
         self._ident = synced.incarnation(path)
-        last = synced.load(path)
         self._counter = last.counter if last else 0
         self._flush_lock = threading.Lock()
         self._durable = 0  # txnid of the newest recorded snapshot
-        self._pins: list[tuple[int, "lmdb.Transaction"]] = []
+        self._pins: list[tuple[SyncPoint, "lmdb.Transaction"]] = []  # oldest first
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
         self._since_point = 0  # commits since the last sync point began
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
@@ -218,7 +217,8 @@ class Store:
             new = not os.path.exists(os.path.join(path, synced.DATA_NAME))
             if new and not create:
                 raise UserError(f"no session store at {path}: mount the repo first or check --store")
-            cache_lost = False if new else trust_snapshot(path)
+            last = None if new else synced.load(path)
+            cache_lost = False if new else trust_snapshot(path, last)
             try:
                 env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2,
                                 sync=False, metasync=False, readahead=False, max_readers=256,
@@ -226,7 +226,7 @@ class Store:
             except lmdb.Error as e:
                 raise UserError(f"cannot open store {path}: {e}") from None
             env.reader_check()
-            store = cls(path, env, lock_fd, new=new, cache_lost=cache_lost)
+            store = cls(path, env, lock_fd, new=new, cache_lost=cache_lost, last=last)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -342,16 +342,17 @@ class Store:
         self._since_point = 0
         txn = self.env.begin(buffers=False)
         txnid = txn.id()
-        if txnid <= self._durable or (self._pins and self._pins[-1][0] == txnid):
-            txn.abort()
-            return SyncPoint(txnid, self._meta_of(txnid)) if txnid > self._durable else None
-        self._pins.append((txnid, txn))
-        return SyncPoint(txnid, self._meta_of(txnid))
+        if txnid <= self._durable or (self._pins and self._pins[-1][0].txnid == txnid):
+            txn.abort()  # durable already, or pinned by a sync point still under way
+            return self._pins[-1][0] if txnid > self._durable else None
+        point = SyncPoint(txnid, self._meta_of(txnid))
+        self._pins.append((point, txn))
+        return point
 
     def sync_pin(self) -> None:
         """Pin the durable snapshot again after every pin was dropped (map growth)."""
         txn = self.env.begin(buffers=False)
-        self._pins.append((txn.id(), txn))
+        self._pins.append((SyncPoint(txn.id(), self._meta_of(txn.id())), txn))
 
     def sync_flush(self, point: SyncPoint, clean: bool = False) -> None:
         """Make point's snapshot durable and record it (any thread; may block for long)."""
@@ -369,7 +370,7 @@ class Store:
         self._drop_pins(keep=self._durable)
 
     def _drop_pins(self, keep: int) -> None:
-        while self._pins and (self._pins[0][0] < keep or not keep):
+        while self._pins and (self._pins[0][0].txnid < keep or not keep):
             self._pins.pop(0)[1].abort()
 
     def _meta_of(self, txnid: int) -> bytes:
@@ -418,13 +419,12 @@ def _make_dirs_durably(path: str) -> None:
     synced.fsync_dir(parent)
 
 
-def trust_snapshot(path: str) -> bool:
+def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
     """Before LMDB opens an existing store: pick the snapshot to trust, and verify it.
 
     Returns whether the last daemon's page cache may be gone (then the store was rolled
     back to its last recorded sync point). Raises StoreDamaged if verification fails.
     """
-    rec = synced.load(path)
     newest = synced.newest_txnid(path, rec.psize if rec else 4096)
     if rec is not None and rec.clean and newest == rec.txnid:
         return False  # closed cleanly: nothing after the record
