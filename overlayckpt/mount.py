@@ -25,7 +25,7 @@ from overlayckpt.fuse.control import ControlFs
 from overlayckpt.errors import UserError
 from overlayckpt.fuse.ops import Operations
 from overlayckpt.core.overlay import make_durable
-from overlayckpt.core.maintenance import DEFAULT_BUDGET, thin
+from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.service.session import Session
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.fuse.views import CheckpointViews
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # seconds: what a power cut can cost of writes nobody fsync'd (fsync syncs at once). Short,
 # also because the sync point's pin keeps LMDB from reusing the pages freed since the last
 SYNC_INTERVAL = 1.0
-RETENTION_EVERY = 150  # sync ticks between retention checks
+RETENTION_EVERY = 150  # sync intervals between retention checks
 
 
 def mount_options(allow_other: bool) -> set[str]:
@@ -85,13 +85,17 @@ class Daemon:
         self.session = session
 
     async def _sync_loop(self) -> None:
-        ticks = 0
         while True:
             await trio.sleep(SYNC_INTERVAL)
             await make_durable(self.session.store)
-            ticks += 1
-            if ticks % RETENTION_EVERY == 0:
-                thin(self.session.store, DEFAULT_BUDGET)
+
+    async def _retention_loop(self) -> None:
+        while True:  # (a task of its own: a long thinning never delays a sync point)
+            await trio.sleep(SYNC_INTERVAL * RETENTION_EVERY)
+            try:
+                await self.session.maintain(DEFAULT_BUDGET)
+            except Exception as e:  # ENOSPC, EIO: the next round tries again
+                log.warning("thinning the history failed: %s", e)
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
@@ -103,6 +107,7 @@ class Daemon:
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._sync_loop)
+            nursery.start_soon(self._retention_loop)
             nursery.start_soon(self._signals)
             await pyfuse3.main(min_tasks=2, max_tasks=16)
             nursery.cancel_scope.cancel()

@@ -18,8 +18,14 @@ NAMES = b"names"        # checkpoint name -> checkpoint id
 PINNED = b"pinned"      # repo path -> what apply pinned
 CONV = b"conv"          # conversation line key -> entry
 SEEN = b"seen"          # repo file -> what the session first saw of it
+# the history index (core/history.py): derived from the journal, rebuilt when missing
+VERSIONS = b"versions"  # versioned key + seq -> the key's value before that group changed it
+CHANGED = b"changed"    # seq + versioned key -> b"": each key's latest changing group
+LATEST = b"latest"      # versioned key -> seq of that group
 
-TABLES = (META, BLOCKS, NODES, DIRENTS, BMAP, XATTRS, JOURNAL, CKPTS, NAMES, PINNED, CONV, SEEN)
+HISTORY_TABLES = (VERSIONS, CHANGED, LATEST)
+TABLES = (META, BLOCKS, NODES, DIRENTS, BMAP, XATTRS, JOURNAL, CKPTS, NAMES, PINNED, CONV, SEEN,
+          *HISTORY_TABLES)
 
 # keys in META
 FORMAT_KEY = b"format"            # store format version
@@ -33,3 +39,4 @@ CONV_HEAD_KEY = b"conv_head"      # the live conversation's last line
 CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
 WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
+HISTORY_KEY = b"history"          # present when the history index matches the journal

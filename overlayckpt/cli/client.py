@@ -42,16 +42,20 @@ class Connection:
             self.fd = -1
 
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        failed: OSError | None = None
         try:
             os.write(self.fd, (json.dumps(cmd) + "\n").encode())
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise UserError(f"daemon at {self.mountpoint} failed: {e.strerror}") from None
+        except OSError as e:  # a failed command: its reply says why (ENOSPC, EIO: the store)
+            failed = e
         chunks = []
         while True:  # the reply is one line: stop at its end, without one more read
             # small first: the kernel pins every page of a direct-io read buffer, and
             # faulting in a fresh 1 MiB costs more than the command itself
-            chunk = os.pread(self.fd, 1 << 20 if chunks else 16 << 10, self.offset)
+            try:
+                chunk = os.pread(self.fd, 1 << 20 if chunks else 16 << 10, self.offset)
+            except OSError as e:
+                raise UserError(f"daemon at {self.mountpoint} failed: "
+                                f"{(failed or e).strerror}") from None
             if not chunk:
                 break
             chunks.append(chunk)
@@ -60,6 +64,8 @@ class Connection:
                 break
         lines = b"".join(chunks).decode().strip().splitlines()
         if not lines:
+            if failed is not None and failed.errno != errno.EINVAL:
+                raise UserError(f"daemon at {self.mountpoint} failed: {failed.strerror}")
             raise UserError(f"daemon at {self.mountpoint} gave no reply")
         reply = json.loads(lines[-1])
         if not reply.get("ok"):

@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
+from overlayckpt.core import history
 from overlayckpt.core.context import Context
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
 from overlayckpt.records import (
-    CONTROL_NAME, ROOT_INO, Node, from_u64, lower_ino, pack_obj, unpack_obj,
+    CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, Node, from_u64, lower_ino, pack_obj, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
@@ -368,8 +369,9 @@ def apply_checkpoint(ctx: Context, ref: Any, force: bool = False) -> dict[str, i
     try:
         ck = tl.get(r, ref)
         state = tl.state(r, ck)
-        extra_nodes = sorted({from_u64(k[:8]) for t, k in state.delta if t == NODES})
-        extra_dirs = sorted({from_u64(k[:8]) for t, k in state.delta if t == DIRENTS})
+        since = list(history.changed_since(r, ck.seq))  # what the live records no longer show
+        extra_nodes = sorted({from_u64(k[:8]) for code, k in since if code == T_NODES})
+        extra_dirs = sorted({from_u64(k[:8]) for code, k in since if code == T_DIRENTS})
         return Applier(ctx).apply(state, extra_nodes, extra_dirs, force)
     finally:
         ctx.store.end_read(r)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from overlayckpt.core import history
 from overlayckpt.records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
@@ -51,6 +52,7 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     start = seq if group is None else group[0]
     rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
+    history.record(w, start, seq, undo)
     w.set_meta_int(SEQ_KEY, seq + 1)
     w.put(META, GROUP_KEY, pack_obj([start, caller.pid, t]))
     if window <= 0:
@@ -122,6 +124,7 @@ def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
                               restored_from=restored_from)
     rec = JournalRecord(seq, now_ns(), caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
+    history.record(w, seq, seq, undo)
     w.set_meta_int(SEQ_KEY, seq + 1)
     return new_checkpoint(w, seq + 1, seq, kind, None, None, caller.pid, caller.comm,
                           restored_from=restored_from)

@@ -8,18 +8,22 @@ dangling reference.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
 import blake3
+import trio
 
+from overlayckpt.core import history
 from overlayckpt.core.journal import records
 from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import (
-    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DIRENTS, JOURNAL, NAMES, NODES, PINNED, SEQ_KEY,
+    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DIRENTS, HISTORY_KEY, JOURNAL, META, NAMES, NODES, PINNED,
+    SEQ_KEY,
 )
 
 
@@ -75,82 +79,190 @@ def fsck(store: Store) -> dict[str, Any]:
         for name, v in r.range_from(NAMES):
             if from_u64(v) not in ids:
                 problems.append(f"name {name.decode(errors='replace')} points to missing checkpoint")
+        problems.extend(_history_problems(r))
         return {"blocks": nblocks, "referenced": len(refs), "checkpoints": len(ids),
                 "journal": r.count(JOURNAL)}
     result = store.read(fn)
     return {"clean": not problems, "problems": problems, **result}
 
 
+def _history_problems(r: ReadTxn) -> list[str]:
+    """Where the history index disagrees with the journal (a missing index is rebuilt at open)."""
+    if not history.is_built(r):
+        return []
+    out = []
+    for table, want in history.expected(r).items():
+        have = dict(r.range_from(table))
+        if have != want:
+            missing, extra = len(want.keys() - have.keys()), len(have.keys() - want.keys())
+            wrong = sum(1 for k in want.keys() & have.keys() if want[k] != have[k])
+            out.append(f"history index {table.decode()}: {missing} missing, {extra} extra and "
+                       f"{wrong} wrong entries (fsck --repair rebuilds it)")
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GcPlan:
+    seq: int  # the journal position of the snapshot the plan was made in
+    doomed: list[bytes]  # the blocks nothing referred to there
+
+
+def gc_plan(r: ReadTxn) -> GcPlan:
+    """The blocks nothing refers to, in a read view (the long part of gc: any thread)."""
+    refs = referenced_blocks(r)
+    return GcPlan(r.meta_int(SEQ_KEY, 1), [d for d, _ in r.range_from(BLOCKS) if d not in refs])
+
+
+def gc_apply(w: WriteTxn, plan: GcPlan) -> dict[str, Any]:
+    """Delete the plan's blocks that nothing has referred to since (a short write: the
+    records since the plan's snapshot name every block written or replaced meanwhile)."""
+    since: set[bytes] = set()
+    for rec in records(w, plan.seq, w.meta_int(SEQ_KEY, 1)):
+        for table, key, old in rec.undo:
+            if table == T_BMAP:
+                since.update(v for v in (old, w.get(BMAP, key)) if v)
+    for _, v in w.range_from(PINNED):
+        since.update(unpack_obj(v).get("blocks") or ())
+    freed = removed = 0
+    for digest in plan.doomed:
+        raw = w.get(BLOCKS, digest)
+        if raw is None or digest in since:
+            continue
+        freed += len(raw)
+        removed += 1
+        w.delete(BLOCKS, digest)
+    w.set_meta_int(BLOCK_BYTES_KEY, max(0, w.meta_int(BLOCK_BYTES_KEY) - freed))
+    return {"removed_blocks": removed, "freed_bytes": freed,
+            "kept_blocks": w.count(BLOCKS)}
+
+
 def gc(store: Store) -> dict[str, Any]:
-    def fn(w: WriteTxn) -> dict[str, Any]:
-        refs = referenced_blocks(w)
-        doomed = [d for d, _ in w.range_from(BLOCKS) if d not in refs]
-        freed = 0
-        for digest in doomed:
-            raw = w.get(BLOCKS, digest)
-            freed += len(raw or b"")
-            w.delete(BLOCKS, digest)
-        w.set_meta_int(BLOCK_BYTES_KEY, max(0, w.meta_int(BLOCK_BYTES_KEY) - freed))
-        return {"removed_blocks": len(doomed), "freed_bytes": freed, "kept_blocks": len(refs)}
-    return store.write(fn)
+    return store.write(lambda w: gc_apply(w, gc_plan(w)))
 
 
 DEFAULT_BUDGET = 5 << 30  # bytes of stored blocks before the oldest automatic checkpoints thin
+THIN_SLICE = 2000  # journal records merged in one write transaction, at most (about)
 
 
-def thin(store: Store, budget: int) -> dict[str, Any]:
-    """Over budget: drop the older half of the automatic checkpoints and merge their journal
-    records, so the block versions only they needed become garbage for gc.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Merge:
+    """One slice of thinning: records lo <= seq < hi become one record at their first seq;
+    the checkpoints strictly inside the range go, and those whose group began inside it
+    (and ends at or after hi) begin at that record."""
+    lo: int
+    hi: int
+    dropped: list[int]  # checkpoint ids
+    moved: list[int]  # checkpoint ids
+
+
+def thin_plan(r: ReadTxn, budget: int) -> list[Merge]:
+    """Over budget: drop the older half of the automatic checkpoints, as slices that each
+    merge the records between two checkpoints that stay (or the first part of them, up to
+    a checkpoint that goes: its state stays exact until its own slice), so that the block
+    versions only they needed become garbage for gc.
 
     Named and restore checkpoints, checkpoint 0 and the newest checkpoint stay. Merging
     keeps, per key, the oldest previous value, so every kept checkpoint restores exactly.
     """
-    def fn(w: WriteTxn) -> dict[str, Any]:
-        if w.meta_int(BLOCK_BYTES_KEY) <= budget:
-            return {"thinned": 0}
-        cks = [Checkpoint.unpack(from_u64(k), v) for k, v in w.range_from(CKPTS)]
-        candidates = [c for c in cks[:-1] if c.kind == "auto" and c.id != 0]
-        dropped = {c.id for c in candidates[:max(1, len(candidates) // 2)]} if candidates else set()
-        if not dropped:
-            return {"thinned": 0}
-        kept = [c for c in cks if c.id not in dropped]
-        bounds = sorted({c.seq for c in kept})
-        dropped_seqs = sorted(c.seq for c in cks if c.id in dropped)
-        merged_into: dict[int, int] = {}  # first seq of a merged segment -> its key
-        for lo, hi in zip(bounds, bounds[1:] + [1 << 62]):
-            if not any(lo < d < hi for d in dropped_seqs):
-                continue
-            recs = records(w, lo, hi)
-            if len(recs) < 2:
-                continue
-            first: dict[tuple[int, bytes], bytes | None] = {}
-            paths: list[str] = []
-            changes: list[str] = []
-            for rec in recs:
-                for table, key, old in rec.undo:
-                    first.setdefault((table, key), old)
-                paths += rec.paths
-                changes += rec.changes
-                w.delete(JOURNAL, u64(rec.seq))
-            head = recs[0]
-            merged = JournalRecord(head.seq, recs[-1].time_ns, head.pid, head.comm, "merged",
-                                   tuple(paths), tuple(changes),
-                                   tuple((t, k, v) for (t, k), v in first.items()))
-            w.put(JOURNAL, u64(head.seq), merged.pack())
-            merged_into[lo] = head.seq
-        for c in cks:
-            if c.id in dropped:
-                w.delete(CKPTS, u64(c.id))
-            else:
-                # a kept checkpoint's changes now start where its merged segment starts
-                seg = max((lo for lo in merged_into if lo <= c.start_seq < c.seq), default=None)
-                if seg is not None and c.start_seq != merged_into[seg]:
-                    fixed = dataclasses.replace(c, start_seq=merged_into[seg])
-                    w.put(CKPTS, u64(c.id), fixed.pack())
-        return {"thinned": len(dropped)}
-    result = store.write(fn)
-    if result["thinned"]:
+    if r.meta_int(BLOCK_BYTES_KEY) <= budget:
+        return []
+    cks = [Checkpoint.unpack(from_u64(k), v) for k, v in r.range_from(CKPTS)]
+    candidates = [c for c in cks[:-1] if c.kind == "auto" and c.id != 0]
+    dropped = {c.id for c in candidates[:max(1, len(candidates) // 2)]} if candidates else set()
+    kept_seqs = sorted({c.seq for c in cks if c.id not in dropped})
+    inside: dict[int, list[Checkpoint]] = {}  # a kept seq -> the dropped checkpoints after it
+    for c in cks:
+        if c.id in dropped and c.seq not in kept_seqs:
+            lo = kept_seqs[bisect.bisect_right(kept_seqs, c.seq) - 1]
+            inside.setdefault(lo, []).append(c)
+    by_start = sorted((c.start_seq, c.seq, c.id) for c in cks if c.start_seq < c.seq)
+
+    def moved(lo: int, hi: int) -> list[int]:
+        out = []
+        for start, seq, cid in by_start[bisect.bisect_left(by_start, (lo,)):]:
+            if start >= hi:
+                break
+            if seq >= hi:
+                out.append(cid)
+        return out
+
+    slices: list[Merge] = []
+    for lo, drops in sorted(inside.items()):
+        i = bisect.bisect_right(kept_seqs, lo)
+        hi = kept_seqs[i] if i < len(kept_seqs) else 1 << 62
+        start, ids = lo, []
+        for c in sorted(drops, key=lambda c: c.seq):
+            if c.seq - start >= THIN_SLICE:
+                slices.append(Merge(lo, c.seq, ids, moved(lo, c.seq)))
+                start, ids = c.seq, []
+            ids.append(c.id)
+        slices.append(Merge(lo, hi, ids, moved(lo, hi)))
+    return slices
+
+
+def merge_records(r: ReadTxn, m: Merge) -> JournalRecord | None:
+    """The one record a slice becomes (read-only: any thread), or None if it holds < 2."""
+    recs = records(r, m.lo, m.hi)
+    if len(recs) < 2:
+        return None
+    first: dict[tuple[int, bytes], bytes | None] = {}
+    paths: list[str] = []
+    changes: list[str] = []
+    for rec in recs:
+        for table, key, old in rec.undo:
+            first.setdefault((table, key), old)
+        paths += rec.paths
+        changes += rec.changes
+    head = recs[0]
+    return JournalRecord(head.seq, recs[-1].time_ns, head.pid, head.comm, "merged",
+                         tuple(paths), tuple(changes), tuple((t, k, v) for (t, k), v in first.items()))
+
+
+def apply_merge(w: WriteTxn, m: Merge, merged: JournalRecord | None) -> int:
+    """Write one slice: the merged record, the index, the checkpoints. Returns how many went."""
+    if merged is not None:
+        for k, _ in list(w.range_from(JOURNAL, u64(m.lo))):
+            if from_u64(k) >= m.hi:
+                break
+            w.delete(JOURNAL, k)
+        w.put(JOURNAL, u64(merged.seq), merged.pack())
+        history.merge(w, m.lo, m.hi, merged.seq, {(t, k): v for t, k, v in merged.undo})
+    gone = 0
+    for cid in m.dropped:
+        if w.get(CKPTS, u64(cid)) is not None:
+            w.delete(CKPTS, u64(cid))
+            gone += 1
+    for cid in m.moved if merged is not None else ():
+        raw = w.get(CKPTS, u64(cid))
+        if raw is not None:
+            c = Checkpoint.unpack(cid, raw)
+            w.put(CKPTS, u64(cid), dataclasses.replace(c, start_seq=merged.seq).pack())  # type: ignore[union-attr]
+    return gone
+
+
+def thin(store: Store, budget: int) -> dict[str, Any]:
+    """thin_plan and its slices, then gc if anything went (offline: all on this thread)."""
+    thinned = 0
+    for m in store.read(lambda r: thin_plan(r, budget)):
+        thinned += store.write(lambda w, m=m: apply_merge(w, m, merge_records(w, m)))
+    result: dict[str, Any] = {"thinned": thinned}
+    if thinned:
         result.update(gc(store))
+    return result
+
+
+async def thin_off_loop(store: Store, budget: int, then_gc: bool = False) -> dict[str, Any]:
+    """thin (and gc) with every scan in a worker thread and each write a short slice on
+    the calling (writer's) thread, so the requests of a mount are served in between."""
+    thinned = 0
+    for m in await trio.to_thread.run_sync(store.read, lambda r: thin_plan(r, budget)):
+        merged = await trio.to_thread.run_sync(store.read, lambda r, m=m: merge_records(r, m))
+        thinned += store.write(lambda w, m=m, merged=merged: apply_merge(w, m, merged))
+        await trio.sleep(0)
+    result: dict[str, Any] = {"thinned": thinned}
+    if thinned or then_gc:
+        plan = await trio.to_thread.run_sync(store.read, gc_plan)
+        result.update(store.write(lambda w: gc_apply(w, plan)))
     return result
 
 
@@ -174,5 +286,9 @@ def repair(store: Store) -> dict[str, Any]:
             if w.get(CKPTS, v) is None:
                 w.delete(NAMES, name)
                 dropped.append(f"name {name.decode(errors='replace')}")
+        if _history_problems(w):
+            w.delete(META, HISTORY_KEY)
+            history.ensure(w)
+            dropped.append("the history index (rebuilt from the journal)")
         return {"dropped": dropped}
     return store.write(fn)

@@ -20,6 +20,7 @@ from typing import TypeVar
 import trio
 
 from overlayckpt.errors import FsError
+from overlayckpt.core import history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
 from overlayckpt.records import (
@@ -91,6 +92,8 @@ class Overlay(Tree):
         self.store = store
         self.window = window
         store.write(ensure_origin_checkpoint)
+        if store.read(lambda r: not history.is_built(r)):
+            store.write(history.ensure)  # format 1, imported or recovered: one pass over the journal
 
     # -- plumbing -------------------------------------------------------------
 

@@ -1,21 +1,22 @@
 """Checkpoints on top of the journal: resolve, name, view, diff and restore.
 
-A checkpoint is a journal position. The state at a checkpoint is the live
-state with the undo entries of every later record applied in reverse; it is
-computed as a delta (key -> value then) over the live tables, so its cost is
-the number of changes since, never the size of the repo. Restore writes that
-delta into the live tables as one new journal record (itself undoable) and a
-`restore` checkpoint, then drops the kernel's caches of exactly the inodes and
-names it changed.
+A checkpoint is a journal position. The state at a checkpoint reads the live
+tables through the history index (history.py): each key's value then is one
+lookup away, and the keys changed since are one range, so a view costs
+nothing to open, and a restore or diff costs the keys that changed, never the
+journal in between nor the size of the repo. Restore writes the values then
+into the live tables as one new journal record (itself undoable, listing the
+files it adds, modifies and deletes) and a `restore` checkpoint, then drops
+the kernel's caches of exactly the inodes and names it changed.
 """
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from overlayckpt.core import history
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
 from overlayckpt.errors import FsError, UserError
@@ -23,41 +24,47 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    ROOT_INO, TABLE_NAMES, Checkpoint, JournalRecord, Node, from_u64, u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, Checkpoint, Node, from_u64, u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, NAMES, NODES, XATTRS
+from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, NAMES, NODES
+
+TABLE_CODES = history.TABLE_CODES
+# a restore of some paths warns of files changed with them in at most this many newer groups
+WARN_GROUPS = 1000
 
 
 Delta = dict[tuple[bytes, bytes], "bytes | None"]
 
 
 class AtCheckpoint:
-    """The tables as they were at a checkpoint: a delta over a live read view."""
+    """The tables as they were at journal position seq: the history index over a live view.
 
-    def __init__(self, r: ReadTxn, delta: Delta) -> None:
+    Opening one costs nothing; each read costs one index lookup more than a live read.
+    """
+
+    def __init__(self, r: ReadTxn, seq: int) -> None:
         self.r = r
-        self.delta = delta
-        self._by_prefix: dict[tuple[bytes, bytes], list[bytes]] = defaultdict(list)
-        for table, key in delta:
-            if table in (DIRENTS, XATTRS):
-                self._by_prefix[(table, key[:8])].append(key)
+        self.seq = seq
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
-        k = (table, key)
-        if k in self.delta:
-            return self.delta[k]
+        code = TABLE_CODES.get(table)
+        if code is not None:
+            found, value = history.value_at(self.r, code, key, self.seq)
+            if found:
+                return value
         return self.r.get(table, key)
 
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        code = TABLE_CODES.get(table)
+        if code is None:
+            return self.r.prefix(table, prefix)
         items = dict(self.r.prefix(table, prefix))
-        for key in self._by_prefix.get((table, prefix[:8]), ()):
-            if key.startswith(prefix):
-                val = self.delta[(table, key)]
-                if val is None:
-                    items.pop(key, None)
-                else:
-                    items[key] = val
+        for key, value in history.versions_under(self.r, code, prefix, self.seq):
+            if value is None:
+                items.pop(key, None)
+            else:
+                items[key] = value
         return iter(sorted(items.items()))
 
     def block(self, digest: bytes) -> bytes:
@@ -67,21 +74,29 @@ class AtCheckpoint:
 def delta_since(r: ReadTxn, seq: int) -> Delta:
     """Values, at journal position seq, of every key changed after it."""
     delta: Delta = {}
-    for k, v in r.range_from(JOURNAL, reverse=True):
-        if from_u64(k) < seq:
-            break
-        rec = JournalRecord.unpack(from_u64(k), v)
-        for table, key, old in reversed(rec.undo):
-            delta[(TABLE_NAMES[table], key)] = old
+    for code, key, value in history.values_since(r, seq):
+        delta[(TABLE_NAMES[code], key)] = value
     return delta
 
 
-def keys_between(r: ReadTxn, lo: int, hi: int) -> set[tuple[bytes, bytes]]:
+# Between two positions this close, reading their journal records finds the changed keys
+# faster than the index, which holds every key changed since the older one.
+SCAN_RECORDS = 2048
+
+
+def keys_between(r: ReadTxn, lo: int, hi: int | None) -> set[tuple[bytes, bytes]]:
+    """Keys that may differ between positions lo and hi (None: live): a superset."""
+    if hi is None or hi - lo > SCAN_RECORDS:
+        return {(TABLE_NAMES[code], key) for code, key in history.changed_since(r, lo)}
     out: set[tuple[bytes, bytes]] = set()
     for rec in records(r, lo, hi):
         for table, key, _ in rec.undo:
             out.add((TABLE_NAMES[table], key))
     return out
+
+
+def _under(path: str, wanted: list[str]) -> bool:
+    return any(path == w or path.startswith(w + "/") for w in (p.strip("/") for p in wanted))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +153,7 @@ class Timeline:
         """The state at ck, or the live state for None."""
         if ck is None:
             return r
-        return AtCheckpoint(r, delta_since(r, ck.seq))
+        return AtCheckpoint(r, ck.seq)
 
     # -- making checkpoints ---------------------------------------------------
 
@@ -183,20 +198,27 @@ class Timeline:
                 delta, warn = self._select(w, target, delta, paths)
                 warnings.extend(warn)
             undo: list[tuple[int, bytes, bytes | None]] = []
-            codes = {name: code for code, name in TABLE_NAMES.items()}
+            writes = []
+            one_sided: set[int] = set()
             for (table, key), value in delta.items():
                 current = w.get(table, key)
-                if current == value:
-                    continue
-                undo.append((codes[table], key, current))
+                if current != value:
+                    undo.append((TABLE_CODES[table], key, current))
+                    writes.append((table, key, value))
+                    if table == NODES and (current is None or value is None):
+                        one_sided.add(from_u64(key))
+            files = self._file_changes(w, AtCheckpoint(w, target.seq), {(t, k) for t, k, _ in writes},
+                                       one_sided, content=False)
+            if paths is not None:
+                files = [f for f in files if _under(f.path, paths)]
+            for table, key, value in writes:
                 if value is None:
                     w.delete(table, key)
                 else:
                     w.put(table, key, value)
                 changed.append((table, key))
-            touched = sorted(self._paths_since(w, target.seq, paths)) if code else []
-            return append_closed(w, caller, "restore", tuple(touched), tuple("M" for _ in touched),
-                                 undo, "restore", target.id)
+            return append_closed(w, caller, "restore", tuple(f.path for f in files),
+                                 tuple(f.change for f in files), undo, "restore", target.id)
         ck = self.store.write(fn)
         await self._invalidate(changed)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
@@ -208,14 +230,6 @@ class Timeline:
         if latest.seq != next_seq(w) or latest.conv_head != w.meta_int(CONV_HEAD_KEY, 0):
             seq = next_seq(w)
             new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
-
-    def _paths_since(self, r: ReadTxn, seq: int, only: list[str] | None) -> set[str]:
-        out: set[str] = set()
-        for rec in records(r, seq, next_seq(r)):
-            out.update(rec.paths)
-        if only is not None:
-            out &= set(p.strip("/") for p in only)
-        return out
 
     async def _invalidate(self, changed: list[tuple[bytes, bytes]]) -> None:
         inodes: set[int] = set()
@@ -234,7 +248,7 @@ class Timeline:
     def _select(self, r: ReadTxn, target: Checkpoint, delta: Delta, paths: list[str]
                 ) -> tuple[Delta, list[str]]:
         """The part of delta that puts only these paths (and what is below them) back."""
-        then = AtCheckpoint(r, delta)
+        then = AtCheckpoint(r, target.seq)
         keep: set[tuple[bytes, bytes]] = set()
         inos: set[int] = set()
         for path in paths:
@@ -266,8 +280,8 @@ class Timeline:
                 selected[(table, key)] = value
         chosen = {p.strip("/") for p in paths}
         others: set[str] = set()
-        for ck in self.newest_first(r):
-            if ck.seq <= target.seq:
+        for n, ck in enumerate(self.newest_first(r)):
+            if ck.seq <= target.seq or n >= WARN_GROUPS:
                 break
             if ck.kind == "restore":
                 continue
@@ -305,22 +319,37 @@ class Timeline:
         """What differs between the trees at a and b (None: live), path by path."""
         sa, sb = self.state(r, a), self.state(r, b)
         lo, hi = sorted((a.seq, b.seq if b else next_seq(r)))
-        keys = keys_between(r, lo, hi)
-        dirty_inos = {from_u64(k[:8]) for t, k in keys if t != DIRENTS}
-        dirty_dirs = {from_u64(k[:8]) for t, k in keys if t == DIRENTS}
-        dirty_dirs |= self._ancestors(r, sa, sb, dirty_inos | dirty_dirs)
-        out: list[FileChange] = []
-        self._diff_dir(sa, sb, ROOT_INO, ROOT_INO, "", dirty_inos, dirty_dirs, out)
+        keys: set[tuple[bytes, bytes]] = set()
+        one_sided: set[int] = set()
+        for t, k in keys_between(r, lo, hi):
+            va, vb = sa.get(t, k), sb.get(t, k)
+            if va != vb:
+                keys.add((t, k))
+                if t == NODES and (va is None or vb is None):
+                    one_sided.add(from_u64(k))
+        out = self._file_changes(sa, sb, keys, one_sided, content=True)
         if only:
-            wanted = [p.strip("/") for p in only]
-            out = [c for c in out if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
+            out = [c for c in out if _under(c.path, only)]
         return out
 
-    def _ancestors(self, r: ReadTxn, sa: Any, sb: Any, inos: set[int]) -> set[int]:
-        out: set[int] = set()
-        for state in (sa, sb, r):
-            for ino in inos:
-                out |= self.ov.ancestors(state, ino)
+    def _file_changes(self, sa: Any, sb: Any, keys: set[tuple[bytes, bytes]],
+                      one_sided: set[int], content: bool) -> list[FileChange]:
+        """The paths whose entries differ between states sa and sb, given the keys that
+        differ and the inodes with a node record in one state only. Without content, a
+        file whose records differ counts as modified."""
+        dirty_inos = {from_u64(k[:8]) for t, k in keys if t != DIRENTS}
+        dirty_dirs = {from_u64(k[:8]) for t, k in keys if t == DIRENTS}
+        # An overlay inode exists only where it has a record, under a name added or removed
+        # in between: that name's directory is dirty, so the walk up starts there.
+        walk_up = (dirty_inos | dirty_dirs) - {i for i in one_sided if i >= FIRST_UPPER_INO}
+        above: set[int] = set()
+        for state in (sa, sb):
+            seen: set[int] = set()  # per state: a directory may sit elsewhere in the other
+            for ino in walk_up:
+                self.ov.ancestors(state, ino, seen)
+            above |= seen
+        out: list[FileChange] = []
+        self._diff_dir(sa, sb, ROOT_INO, ROOT_INO, "", dirty_inos, dirty_dirs | above, out, content)
         return out
 
     def _content(self, state: Any, ino: int, node: Node) -> tuple[int, bytes]:
@@ -331,7 +360,8 @@ class Timeline:
         return node.mode, b""
 
     def _diff_dir(self, sa: Any, sb: Any, ia: int | None, ib: int | None, prefix: str,
-                  dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange]) -> None:
+                  dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange],
+                  content: bool) -> None:
         ea = {n: (c, cn) for n, c, cn in self.ov.entries(sa, ia)} if ia is not None else {}
         eb = {n: (c, cn) for n, c, cn in self.ov.entries(sb, ib)} if ib is not None else {}
         for name in sorted(set(ea) | set(eb)):
@@ -348,9 +378,15 @@ class Timeline:
                 if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]
                     continue
                 self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]
-                               path + "/", dirty_inos, dirty_dirs, out)
-            ca = self._content(sa, a[0], na) if a and not a_dir else None  # type: ignore[arg-type]
-            cb = self._content(sb, b[0], nb) if b and not b_dir else None  # type: ignore[arg-type]
+                               path + "/", dirty_inos, dirty_dirs, out, content)
+            has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
+            if not content:
+                if has_a or has_b:
+                    out.append(FileChange(path, "M" if has_a and has_b else "A" if has_b else "D",
+                                          None, None))
+                continue
+            ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]
+            cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]
             if ca == cb:
                 continue
             change = "A" if ca is None else "D" if cb is None else "M"

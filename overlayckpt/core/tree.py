@@ -238,14 +238,15 @@ class Tree:
 
     # -- ancestry -------------------------------------------------------------
 
-    def ancestors(self, s: State, ino: int) -> set[int]:
-        """The directories above ino in state s (to prune walks to what changed).
+    def ancestors(self, s: State, ino: int, out: set[int] | None = None) -> set[int]:
+        """The directories above ino in state s (to prune walks to what changed), added to
+        out; a walk stops at a directory already there, as its ancestors are too.
 
         A node record carries a parent hint. An inode without one is a lower entry
         that never moved (moving it would have given it a record), so its parent is
         the lower directory above its lower path.
         """
-        out: set[int] = set()
+        out = set() if out is None else out
         lower_path = self.lower_paths.get(ino)
         for _ in range(4096):
             if ino == ROOT_INO:
@@ -263,7 +264,7 @@ class Tree:
                 lower_path = parent_path
             elif origin is not None and parent:
                 lower_path = origin.rpartition(b"/")[0]
-            if not parent:
+            if not parent or parent in out:
                 break
             out.add(parent)
             ino = parent

@@ -7,6 +7,7 @@ export bundle / import
     paths, type, size and content digest), then `[table, key, value]` for
     every entry of every table of the store, then a trailer with the counts.
     `import` loads it into a new, empty store, verifying every block's digest.
+    The history index is left out: the store rebuilds it from the journal.
 
     Lower entries are numbered by the repo's own st_ino, so another checkout
     of the repo (another machine, a `cp -a`) numbers them differently. Import
@@ -31,7 +32,7 @@ import zstandard
 from overlayckpt.errors import UserError
 from overlayckpt.records import FORMAT_VERSION, iso_time
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import TABLES, FORMAT_KEY
+from overlayckpt.tables import FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, TABLES
 from overlayckpt.export.identity import (
     identities, lower_files, lower_identity, lower_links, seen_files,
 )
@@ -39,6 +40,8 @@ from overlayckpt.export.identity import (
 
 BUNDLE_MAGIC = "overlayckpt-bundle"
 BUNDLE_VERSION = 1
+# the history index is derived from the journal: import rebuilds it instead
+BUNDLE_TABLES = tuple(t for t in TABLES if t not in HISTORY_TABLES)
 _FLUSH = 1 << 20
 
 def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
         lower, pinned = lower_identity(r)
         identity = identities(lower_fd)
         header = {"bundle": BUNDLE_MAGIC, "version": BUNDLE_VERSION, "format": r.meta_int(FORMAT_KEY),
-                  "block_size": store.block_size, "tables": [t.decode() for t in TABLES],
+                  "block_size": store.block_size, "tables": [t.decode() for t in BUNDLE_TABLES],
                   "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned,
                   "lower_files": lower_files(r, identity, lower),
                   "seen_files": seen_files(r, identity), **info}
@@ -59,9 +62,11 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
         with open(tmp, "wb") as f:
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:
                 buf = bytearray(packer.pack(header))
-                for ti, table in enumerate(TABLES):
+                for ti, table in enumerate(BUNDLE_TABLES):
                     n = 0
                     for k, v in r.range_from(table):
+                        if (table, k) == (META, HISTORY_KEY):
+                            continue
                         buf += packer.pack([ti, k, v])
                         n += 1
                         if len(buf) >= _FLUSH:
@@ -124,7 +129,7 @@ class BundleReader:
             raise UserError(f"{path} is damaged (its header is malformed): export the bundle again")
         self.header = header
         self.tables = [t.encode() for t in header["tables"]]
-        if any(t not in TABLES for t in self.tables):
+        if any(t not in BUNDLE_TABLES for t in self.tables):
             raise UserError(f"{path} holds tables this overlayckpt does not know: upgrade overlayckpt")
 
     def _next(self) -> Any:

@@ -12,16 +12,19 @@ import blake3
 from overlayckpt.errors import UserError
 from overlayckpt.store.info import default_store_dir, read_info, write_info
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, FORMAT_KEY, META
+from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, FORMAT_KEY, HISTORY_KEY, META
 from overlayckpt.export.bundle import BundleReader, unlink_quietly
 from overlayckpt.export.remap import Remap, repo_remap
+
+
+_KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, HISTORY_KEY)  # what a new, empty store holds in META
 
 
 def _store_is_empty(store: Store) -> bool:
     def fn(r: ReadTxn) -> bool:
         if any(r.count(t) for t in TABLES if t != META):
             return False
-        return all(k in (FORMAT_KEY, BLOCK_SIZE_KEY) for k, _ in r.range_from(META))
+        return all(k in _KEEP for k, _ in r.range_from(META))
     return store.read(fn)
 
 
@@ -74,7 +77,7 @@ def _remove_new(store_dir: str, before: set[str] | None) -> None:
 
 
 def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dict[str, int]:
-    counts = {t.decode(): 0 for t in TABLES}
+    counts = {t.decode(): 0 for t in bundle.tables}
     batch: list[tuple[bytes, bytes, bytes]] = []
     size = 0
 
@@ -108,6 +111,7 @@ def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dic
         batch += [(META, key, value) for key, value in remap.meta_rows()]
     if batch:
         flush()
+    store.write(lambda w: w.delete(META, HISTORY_KEY))  # the next open indexes the journal
     expected = getattr(bundle, "trailer", {}).get("counts")
     if expected != counts:
         raise UserError(f"{bundle.path} is incomplete (expected {expected}, found {counts}): "
@@ -121,7 +125,7 @@ def _clear(store: Store) -> None:
         for table in TABLES:
             if table == META:
                 for k, _ in list(w.range_from(META)):
-                    if k not in (FORMAT_KEY, BLOCK_SIZE_KEY):
+                    if k not in _KEEP:
                         w.delete(META, k)
             else:
                 w.txn.drop(store.dbs[table], delete=False)

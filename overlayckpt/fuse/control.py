@@ -2,8 +2,9 @@
 
 readdir of the root never lists it, lookup finds it. Its entries:
   ctl                 write one JSON command per line, read the replies back
-                      from the same open handle; a malformed line fails the
-                      write with EINVAL and the reply says why
+                      from the same open handle; a failed command fails the
+                      write (EINVAL; ENOSPC or EIO when the store could not
+                      take it) and the reply says why
   status.json         read-only status
   conversation.jsonl  append-only conversation sidecar
   checkpoints/ID/     read-only view of the tree at checkpoint ID (names are
@@ -178,22 +179,22 @@ class ControlFs:
             else:
                 lines.append(bytes(h.pending))
                 h.pending.clear()
-        failed = False
+        failed: int | None = None  # the errno the write fails with
         for line in lines:
             if line is None:
-                failed = True
+                failed = errno.EINVAL
                 if h.ino == CTL_INO:
                     self._reply(h, {"ok": False, "error": f"line longer than {MAX_LINE} bytes: "
                                                          "this handle takes no more; reopen ctl"})
             elif h.ino == CTL_INO:
-                failed |= not await self._run(h, line)
+                failed = await self._run(h, line) or failed
             else:
                 try:
                     self.session.conversation_append(line)
                 except UserError:
-                    failed = True
+                    failed = errno.EINVAL
         if failed:
-            raise FsError(errno.EINVAL)
+            raise FsError(failed)
         return len(buf)
 
     @staticmethod
@@ -222,12 +223,13 @@ class ControlFs:
             out.append(None)
         return out
 
-    async def _run(self, h: ControlHandle, line: bytes) -> bool:
+    async def _run(self, h: ControlHandle, line: bytes) -> int | None:
+        """Run one command line; the errno its failure gives the write, or None."""
         try:
             cmd = json.loads(line)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
-            return False
+            return errno.EINVAL
         try:
             if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
                 raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
@@ -235,13 +237,14 @@ class ControlFs:
             result = await self.session.command(cmd)
         except (UserError, FsError) as e:
             self._reply(h, {"ok": False, "error": str(e)})
-            return False
+            store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
+            return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
         except Exception as e:  # a bad command must never take the daemon or the reply down
             log.exception("control command failed: %r", line[:200])
             self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
-            return False
+            return errno.EINVAL
         self._reply(h, {"ok": True, **result})
-        return True
+        return None
 
     @staticmethod
     def _reply(h: ControlHandle, obj: dict[str, Any]) -> None:

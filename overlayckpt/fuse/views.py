@@ -17,12 +17,11 @@ import pyfuse3
 from overlayckpt.fuse.attrs import VirtualAttr, entry_attrs, virtual_attrs
 from overlayckpt.fuse.control import CKPTS_INO, VIEW_INO_BASE
 from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import ROOT_INO, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.records import ROOT_INO, Checkpoint, from_u64
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.core.context import Context
-from overlayckpt.core.timeline import AtCheckpoint, Delta, Timeline, delta_since
-from overlayckpt.core.journal import next_seq
-from overlayckpt.tables import CKPTS, JOURNAL, NAMES
+from overlayckpt.core.timeline import AtCheckpoint, Timeline
+from overlayckpt.tables import CKPTS, NAMES
 
 
 _NAME_LINK = -1  # pseudo inode of a name symlink
@@ -34,7 +33,6 @@ class CheckpointViews:
         self.tl = Timeline(ctx)
         self._ino: dict[tuple[int, int | str], int] = {}
         self._key: dict[int, tuple[int, int | str]] = {}
-        self._deltas: dict[int, tuple[int, Delta]] = {}  # cid -> (journal seq covered, delta)
 
     # -- inode numbers ----------------------------------------------------------
 
@@ -60,19 +58,7 @@ class CheckpointViews:
             ck = self.tl.get(r, cid)
         except UserError:
             raise FsError(errno.ENOENT) from None
-        now = next_seq(r)
-        cached = self._deltas.get(cid)
-        if cached is None:
-            delta = delta_since(r, ck.seq)
-        else:
-            covered, delta = cached
-            # extend with what happened since: the first old value after ck wins
-            for k, v in r.range_from(JOURNAL, u64(covered)):
-                rec = JournalRecord.unpack(from_u64(k), v)
-                for table, key, old in rec.undo:
-                    delta.setdefault((TABLE_NAMES[table], key), old)
-        self._deltas[cid] = (now, delta)
-        return ck, AtCheckpoint(r, delta)
+        return ck, AtCheckpoint(r, ck.seq)
 
     def _with_state(self, cid: int, fn: Any) -> Any:
         def run(r: ReadTxn) -> Any:

@@ -228,9 +228,8 @@ async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 @command("gc", durable=True)
 async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    from overlayckpt.core.maintenance import DEFAULT_BUDGET, gc, thin
+    from overlayckpt.core.maintenance import DEFAULT_BUDGET
     budget = cmd.get("budget", DEFAULT_BUDGET)
-    if not isinstance(budget, int) or budget < 0:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise UserError('"budget" must be a number of bytes')
-    result = thin(s.store, budget)  # runs gc itself when it thinned anything
-    return result if "removed_blocks" in result else {**result, **gc(s.store)}
+    return await s.maintain(budget, then_gc=True)

@@ -14,8 +14,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
 from overlayckpt.core.lower import Lower
+from overlayckpt.core.maintenance import thin_off_loop
 from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import UserError
 from overlayckpt.service.registry import COMMANDS, DURABLE, command
@@ -49,6 +52,8 @@ class Session:
         self.mountpoint = ctx.mountpoint
         self.apply_on_exit = apply_on_exit
         self.line_counts: dict[tuple[int, int], tuple[int, int]] = {}  # see commands.log
+        # thin and gc one at a time: each plans in a snapshot, then writes what still holds
+        self._maintenance = trio.Lock()
         self.kernel_status = kernel_status
 
     # the context's hooks, so that a Session too serves where a Context is taken
@@ -107,6 +112,11 @@ class Session:
         ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
                       invalidate=invalidate, flush_kernel=flush_kernel)
         return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status)
+
+    async def maintain(self, budget: int, then_gc: bool = False) -> dict[str, Any]:
+        """Thin over budget (and gc), scanning off the request loop (maintenance.py)."""
+        async with self._maintenance:
+            return await thin_off_loop(self.store, budget, then_gc)
 
     def close(self) -> None:
         self.lower.close()

@@ -33,7 +33,9 @@ import zstandard
 from overlayckpt.store import synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64
-from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, FORMAT_KEY, META, TABLES
+from overlayckpt.tables import (
+    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, TABLES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class ReadTxn:
     def __init__(self, store: "Store", txn: "lmdb.Transaction") -> None:
         self.store = store
         self.txn = txn
+        self._cursors: dict[bytes, "lmdb.Cursor"] = {}  # seek's, one per table
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.txn.get(key, db=self.store.dbs[table])
@@ -95,6 +98,13 @@ class ReadTxn:
             elif not cur.first():
                 return
             yield from cur.iternext()
+
+    def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
+        """The first entry with a key >= key, or None."""
+        cur = self._cursors.get(table)
+        if cur is None:  # (set_range places it anew each time, whatever was written since)
+            cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
+        return cur.item() if cur.set_range(key) else None
 
     def block(self, digest: bytes) -> bytes:
         if digest == ZERO_BLOCK:
@@ -152,8 +162,14 @@ class Store:
         # there, such as the write-behind log, cannot be trusted (behind.py)
         self.cache_lost = cache_lost
         try:
-            # an existing store never gets a missing table made anew (empty): that is damage
-            self.dbs = {name: env.open_db(name, create=new) for name in TABLES}
+            # an existing store never gets a missing table made anew (empty): that is damage;
+            # only a format 1 store gets the history tables it never had (an upgrade)
+            self.dbs = {META: env.open_db(META, create=new)}
+            with env.begin() as txn:
+                version = from_u64(txn.get(FORMAT_KEY, db=self.dbs[META]) or u64(0))
+            for name in TABLES[1:]:
+                upgrade = version == 1 and name in HISTORY_TABLES
+                self.dbs[name] = env.open_db(name, create=new or upgrade)
         except lmdb.NotFoundError:
             env.close()
             raise StoreDamaged(f"store {path} is damaged (a table is missing): nothing was "
@@ -166,6 +182,9 @@ class Store:
             w = WriteTxn(self, txn)
             version = w.meta_int(FORMAT_KEY, 0)
             if version == 0 and new:
+                w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
+                w.set_meta_int(HISTORY_KEY, 1)  # an empty journal: an empty index matches it
+            elif version == 1:  # the tables are there now, empty: core/history.py fills them
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
             elif version == 0 or version > FORMAT_VERSION:
                 txn.abort()
@@ -459,11 +478,14 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
     out = Store.open(dst, create=True, lock=False)
     try:
         for name in TABLES:
+            if name in HISTORY_TABLES:
+                continue  # derived from the journal: rebuilt at the next open (no HISTORY_KEY)
             copied, error = 0, None
             batch: list[tuple[bytes, bytes]] = []
 
             def flush() -> None:
-                out.write(lambda w: [w.put(name, k, v) for k, v in batch])
+                out.write(lambda w: [w.put(name, k, v) for k, v in batch
+                                     if (name, k) != (META, HISTORY_KEY)])
                 batch.clear()
             try:
                 db = env.open_db(name, create=False)
@@ -477,6 +499,7 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
                 error = str(e)
             flush()
             yield name.decode(), copied, error
+        out.write(lambda w: w.delete(META, HISTORY_KEY))  # the index is rebuilt at open
     finally:
         env.close()
         out.close()

@@ -1,0 +1,184 @@
+"""The history index: every journaled key's value at any checkpoint, without the journal.
+
+A checkpoint is a journal position, and a key's value there is the value it had
+just before its first change at or after that position (or its live value if
+it has not changed since). The index keeps exactly those values, so the state
+at a checkpoint costs a lookup per key read, and a restore or diff costs the
+keys that changed since, never the journal records in between:
+
+- VERSIONS: vkey + seq -> the key's value just before record seq changed it.
+  Only a key's first change in each group (the records between two
+  checkpoints) is kept: checkpoints sit at group boundaries only, so a later
+  change in the same group is never any checkpoint's value.
+- CHANGED: seq + vkey -> b"", one entry per key: the record of its newest
+  version, so the keys changed at or after a position are one range.
+- LATEST: vkey -> that seq, to move the key's CHANGED entry.
+
+vkey is the table code, the key and a NUL: names hold no NUL and the other
+keys have a fixed length, so one key's versions are contiguous and sorted by
+seq, and a directory's names share a prefix. Every change is indexed in the
+write transaction of its journal record. The index is derived data: bundles
+and salvage leave it out, and a store without HISTORY_KEY (upgraded from
+format 1, imported, recovered) has it rebuilt from the journal at open.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from overlayckpt.records import TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.tables import CHANGED, CKPTS, HISTORY_KEY, JOURNAL, LATEST, META, VERSIONS
+
+Key = tuple[int, bytes]  # (table code, key)
+Undo = Iterable[tuple[int, bytes, "bytes | None"]]
+
+TABLE_CODES = {name: code for code, name in TABLE_NAMES.items()}
+_ABSENT = b"\0"
+_PRESENT = b"\1"
+_AFTER_ALL = b"\xff" * 8  # above every seq: skips past one key's versions
+
+
+def vkey(code: int, key: bytes) -> bytes:
+    return bytes((code,)) + key + b"\0"
+
+
+def _tag(value: bytes | None) -> bytes:
+    return _ABSENT if value is None else _PRESENT + value
+
+
+def _untag(raw: bytes) -> bytes | None:
+    return None if raw[:1] == _ABSENT else raw[1:]
+
+
+# -- writing ---------------------------------------------------------------------
+
+
+def record(w: WriteTxn, group_start: int, seq: int, undo: Undo) -> None:
+    """Index the changes of journal record seq, in the group that began at group_start."""
+    txn, dbs = w.txn, w.store.dbs  # (the LMDB calls themselves: this runs for every key written)
+    versions, changed, latest = dbs[VERSIONS], dbs[CHANGED], dbs[LATEST]
+    at, start = u64(seq), u64(group_start)
+    for code, key, old in undo:
+        vk = bytes((code,)) + key + b"\0"
+        last = txn.get(vk, db=latest)
+        if last is not None:
+            if last >= start:  # (big-endian: bytes order is number order)
+                continue  # already versioned in this group
+            txn.delete(last + vk, db=changed)
+        txn.put(vk + at, _ABSENT if old is None else _PRESENT + old, db=versions)
+        txn.put(at + vk, b"", db=changed)
+        txn.put(vk, at, db=latest)
+
+
+def _put_version(w: WriteTxn, vk: bytes, seq: int, old: bytes | None) -> None:
+    at = u64(seq)
+    w.put(VERSIONS, vk + at, _tag(old))
+    w.put(CHANGED, at + vk, b"")
+    w.put(LATEST, vk, at)
+
+
+def merge(w: WriteTxn, lo: int, hi: int, into: int, first: dict[Key, bytes | None]) -> None:
+    """Records lo <= seq < hi became one record `into` whose undo is `first` (thinning)."""
+    for (code, key), old in first.items():
+        vk = vkey(code, key)
+        for k, _ in list(w.range_from(VERSIONS, vk + u64(lo))):
+            if not k.startswith(vk) or from_u64(k[-8:]) >= hi:
+                break
+            w.delete(VERSIONS, k)
+        last = w.get(LATEST, vk)
+        if last is not None and lo <= from_u64(last) < hi:
+            w.delete(CHANGED, last + vk)
+            _put_version(w, vk, into, old)
+        else:
+            w.put(VERSIONS, vk + u64(into), _tag(old))
+
+
+def is_built(r: ReadTxn) -> bool:
+    return r.get(META, HISTORY_KEY) is not None
+
+
+def ensure(w: WriteTxn) -> bool:
+    """Rebuild the index from the journal if it is missing. Returns whether it was."""
+    if is_built(w):
+        return False
+    for table in (VERSIONS, CHANGED, LATEST):
+        w.txn.drop(w.store.dbs[table], delete=False)
+    for seq, start, undo in _groups(w):
+        record(w, start, seq, undo)
+    w.set_meta_int(HISTORY_KEY, 1)
+    return True
+
+
+def _groups(r: ReadTxn) -> Iterator[tuple[int, int, tuple[tuple[int, bytes, bytes | None], ...]]]:
+    """Every journal record as (seq, start of its group, undo): groups end at checkpoints."""
+    bounds = sorted({Checkpoint.unpack(from_u64(k), v).seq for k, v in r.range_from(CKPTS)})
+    i, start = 0, 1
+    for k, v in r.range_from(JOURNAL):
+        seq = from_u64(k)
+        while i < len(bounds) and bounds[i] <= seq:
+            start = bounds[i]
+            i += 1
+        yield seq, start, JournalRecord.unpack(seq, v).undo
+
+
+def expected(r: ReadTxn) -> dict[bytes, dict[bytes, bytes]]:
+    """The index the journal implies, table by table (fsck compares it with the stored one)."""
+    out: dict[bytes, dict[bytes, bytes]] = {VERSIONS: {}, CHANGED: {}, LATEST: {}}
+    latest = out[LATEST]
+    for seq, start, undo in _groups(r):
+        for code, key, old in undo:
+            vk = vkey(code, key)
+            last = latest.get(vk)
+            if last is not None:
+                if from_u64(last) >= start:
+                    continue
+                del out[CHANGED][last + vk]
+            at = u64(seq)
+            out[VERSIONS][vk + at] = _tag(old)
+            out[CHANGED][at + vk] = b""
+            latest[vk] = at
+    return out
+
+
+# -- reading ---------------------------------------------------------------------
+
+
+def value_at(r: ReadTxn, code: int, key: bytes, seq: int) -> tuple[bool, bytes | None]:
+    """(True, value) if the key changed at or after seq, with its value at seq; else (False, None)."""
+    vk = bytes((code,)) + key + b"\0"
+    hit = r.seek(VERSIONS, vk + u64(seq))
+    if hit is None or not hit[0].startswith(vk):
+        return False, None
+    raw = hit[1]
+    return True, None if raw == _ABSENT else raw[1:]
+
+
+def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
+    """Every key whose value changed at or after journal position seq (once each)."""
+    for k, _ in r.range_from(CHANGED, u64(seq)):
+        yield k[8], k[9:-1]
+
+
+def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """(code, key, value at seq) of every key changed at or after seq."""
+    at = u64(seq)
+    cur = r.txn.cursor(db=r.store.dbs[VERSIONS])
+    for k, _ in r.range_from(CHANGED, at):
+        vk = k[8:]
+        cur.set_range(vk + at)  # there is one: the key changed at or after seq
+        raw = cur.value()
+        yield k[8], k[9:-1], None if raw == _ABSENT else raw[1:]
+
+
+def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[tuple[bytes, bytes | None]]:
+    """(key, value at seq) of every key starting with prefix that changed at or after seq."""
+    start = bytes((code,)) + prefix
+    at = u64(seq)
+    hit = r.seek(VERSIONS, start)
+    while hit is not None and hit[0].startswith(start):
+        vk = hit[0][:-8]
+        if hit[0][-8:] >= at:
+            yield vk[1:-1], _untag(hit[1])
+            hit = r.seek(VERSIONS, vk + _AFTER_ALL)
+        else:
+            hit = r.seek(VERSIONS, vk + at)

@@ -1,0 +1,240 @@
+"""The history index against what it replaces: every checkpoint's tree, recorded when it was
+made, must be what the index shows later, after more groups, restores and thinning; the diff
+between any two checkpoints must be what their recorded trees say; a format 1 store (no
+index) is upgraded at open to the same answers; and fsck (run at every teardown) finds the
+stored index equal to the one the journal implies."""
+from __future__ import annotations
+
+import random
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import blake3
+import lmdb
+
+from overlayckpt.core import history
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.maintenance import fsck, thin
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.records import ROOT_INO, from_u64, u64
+from overlayckpt.service.session import Session
+from overlayckpt.tables import CHANGED, FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY
+
+from .helpers_core import ME, OTHER, ino, tree_of
+
+REG = stat.S_IFREG | 0o644
+NAMES = [b"a", b"b", b"c", b"d"]
+CALLERS = [ME, OTHER, Caller(4444, "third")]
+
+
+def _step(rng: random.Random, s: Session) -> None:
+    """One operation on the files at the top and in docs/, by one of three callers (groups)."""
+    ov = s.overlay
+    who = rng.choice(CALLERS)
+    parent = rng.choice([ROOT_INO, ino(ov, "docs")])
+    name = rng.choice(NAMES + [b"README.md", b"guide.txt"])
+    try:
+        child = ov.live(lambda r: ov.lookup(r, parent, name))
+    except Exception:
+        child = None
+    kind = rng.choice(["create", "write", "write", "truncate", "unlink", "rename"])
+    try:
+        if child is None or kind == "create":
+            ov.create(who, parent, name, REG, 0, 0)
+        elif kind == "write":
+            ov.write(who, child, rng.choice([0, 100, 4096, 9000]), rng.randbytes(rng.choice([5, 5000])))
+        elif kind == "truncate":
+            ov.setattr(who, child, size=rng.choice([0, 10, 6000]))
+        elif kind == "unlink":
+            ov.remove(who, parent, name, False)
+        else:
+            ov.rename(who, parent, name, rng.choice([ROOT_INO, ino(ov, "docs")]), rng.choice(NAMES), 0)
+    except Exception as e:  # EEXIST, EISDIR...: the native semantics are test_differential's job
+        assert getattr(e, "errno", None), e
+
+
+def _trees(s: Session) -> dict[int, dict[str, tuple]]:
+    tl = Timeline(s)
+    cks = s.store.read(tl.all)
+    return {ck.id: tree_of(s.overlay, lambda r, ck=ck: tl.state(r, ck)) for ck in cks}
+
+
+async def _random_history(s: Session, seed: int, steps: int = 300) -> dict[int, dict[str, tuple]]:
+    """Random groups, restores and thinning; returns every checkpoint's tree as it was made."""
+    rng = random.Random(seed)
+    tl = Timeline(s)
+    recorded: dict[int, dict[str, tuple]] = {0: tree_of(s.overlay)}
+
+    def record(before: dict[str, tuple]) -> None:
+        # a checkpoint at the journal's end is the tree now; one an operation closed (its
+        # group ended as the operation began) is the tree before it
+        end = s.store.read(lambda r: r.meta_int(SEQ_KEY))
+        now = tree_of(s.overlay)
+        for ck in s.store.read(tl.all):
+            if ck.id not in recorded:
+                recorded[ck.id] = now if ck.seq == end else before
+    for i in range(steps):
+        before = tree_of(s.overlay)
+        _step(rng, s)
+        record(before)
+        if rng.random() < 0.04:
+            before = tree_of(s.overlay)
+            cks = s.store.read(tl.all)
+            await tl.restore(rng.choice(cks).id, ME)
+            record(before)
+        if i == steps // 2:
+            thin(s.store, 0)
+    tl.seal()
+    for ck in s.store.read(tl.all):
+        recorded.setdefault(ck.id, tree_of(s.overlay))
+    return recorded
+
+
+async def test_every_checkpoint_shows_its_tree_after_groups_restores_and_thinning(
+        open_session: Callable[..., Session], repo: Path) -> None:
+    for seed in range(4):
+        s = open_session(repo, store=repo.parent / f"store-{seed}")
+        recorded = await _random_history(s, seed)
+        shown = _trees(s)
+        assert len(shown) > 20
+        for cid, tree in shown.items():
+            assert tree == recorded[cid], f"seed {seed}: checkpoint {cid}"
+        assert fsck(s.store)["clean"], fsck(s.store)["problems"]
+
+
+async def test_diff_between_any_two_checkpoints_matches_their_trees(
+        open_session: Callable[..., Session], repo: Path) -> None:
+    s = open_session(repo)
+    recorded = await _random_history(s, 7, steps=200)
+    tl = Timeline(s)
+    cks = s.store.read(tl.all)
+    rng = random.Random(1)
+    for _ in range(40):
+        a, b = rng.choice(cks), rng.choice(cks)
+        got = s.store.read(lambda r: {c.path: c.change for c in tl.changes(r, a, b)})
+        ta, tb = recorded[a.id], recorded[b.id]
+        want = {p: "A" if p not in ta else "D" if p not in tb else "M"
+                for p in set(ta) | set(tb) if ta.get(p) != tb.get(p) and
+                (ta.get(p, ("f",))[0] != "d" and tb.get(p, ("f",))[0] != "d")}
+        assert got == want, (a.id, b.id)
+
+
+async def test_a_restore_lists_what_it_adds_modifies_and_deletes(session: Session) -> None:
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    ov.create(ME, ROOT_INO, b"added", REG, 0, 0)
+    ov.write(ME, ino(ov, "README.md"), 0, b"changed")
+    ov.remove(ME, ino(ov, "docs"), b"guide.txt", False)
+    result = await tl.restore("start", ME)
+    rec = session.store.read(lambda r: next(
+        history_records(r, result["id"], tl)))
+    assert dict(zip(rec.paths, rec.changes)) == {
+        "added": "D", "README.md": "M", "hardlink.md": "M", "docs/guide.txt": "A"}  # a link of README
+
+
+def history_records(r, cid, tl):  # the journal record a restore checkpoint stands for
+    from overlayckpt.core.journal import records
+    ck = tl.get(r, cid)
+    yield from records(r, ck.start_seq, ck.seq)
+
+
+async def test_a_format_1_store_is_upgraded_at_open_to_the_same_states(
+        repo: Path, tmp_path: Path) -> None:
+    store = str(tmp_path / "old")
+    s = Session.open(store, str(repo), create=True, window=1e9)
+    try:
+        await _random_history(s, 3, steps=150)
+        before = _trees(s)
+    finally:
+        s.close()
+    # make it what format 1 left: no history tables, no HISTORY_KEY, format 1
+    env = lmdb.open(store, max_dbs=32, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(META, txn=txn)
+        for name in HISTORY_TABLES:
+            txn.drop(env.open_db(name, txn=txn), delete=True)
+        txn.delete(HISTORY_KEY, db=meta)
+        txn.put(FORMAT_KEY, u64(1), db=meta)
+    env.close()
+    s = Session.open(store, str(repo), create=False, window=1e9)
+    try:
+        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r))) == (2, True)
+        assert _trees(s) == before
+        assert s.store.read(lambda r: r.count(CHANGED)) > 0
+        assert fsck(s.store)["clean"]
+    finally:
+        s.close()
+
+
+def test_fsck_finds_a_damaged_index_and_repair_rebuilds_it(session: Session) -> None:
+    from overlayckpt.core.maintenance import repair
+    ov = session.overlay
+    ov.write(ME, ino(ov, "README.md"), 0, b"x")
+    ov.write(OTHER, ino(ov, "README.md"), 0, b"y")
+    session.store.write(lambda w: w.txn.drop(w.store.dbs[CHANGED], delete=False))
+    result = fsck(session.store)
+    assert not result["clean"] and any("history index changed" in p for p in result["problems"])
+    assert "the history index (rebuilt from the journal)" in repair(session.store)["dropped"]
+    assert fsck(session.store)["clean"]
+
+
+def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Session) -> None:
+    """Thousands of groups after a checkpoint rewrite one file: the index holds each changed
+    key once, and the checkpoint still shows the file as it was."""
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("early", None, ME)
+    before = tree_of(ov)
+    readme = ino(ov, "README.md")
+    for i in range(3000):
+        ov.write(CALLERS[i % 2], readme, 0, b"%d" % i)
+    assert session.store.read(lambda r: r.count(CHANGED)) <= 4  # the node and one block
+    early = session.store.read(lambda r: tl.get(r, "early"))
+    assert tree_of(ov, lambda r: tl.state(r, early)) == before
+
+
+async def test_thinning_in_small_slices_off_the_loop_keeps_every_kept_checkpoint_exact(
+        open_session: Callable[..., Session], repo: Path, monkeypatch) -> None:
+    from overlayckpt.core import maintenance
+    monkeypatch.setattr(maintenance, "THIN_SLICE", 3)  # many slices, each its own transaction
+    s = open_session(repo)
+    rng = random.Random(11)
+    tl = Timeline(s)
+    for i in range(400):
+        _step(rng, s)
+        if i % 97 == 0:
+            tl.checkpoint(f"n{i}", None, ME)
+    tl.seal()
+    before = _trees(s)
+    plan = s.store.read(lambda r: maintenance.thin_plan(r, 0))
+    assert len(plan) > 5 and any(len(m.dropped) > 1 for m in plan)
+    result = await s.maintain(0)
+    assert result["thinned"] > 20 and result["removed_blocks"] > 0
+    after = _trees(s)
+    assert after.keys() < before.keys()
+    assert all(after[cid] == before[cid] for cid in after)
+    assert fsck(s.store)["clean"], fsck(s.store)["problems"]
+
+
+async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session) -> None:
+    """gc plans in a snapshot: a block unreferenced there but written again before the
+    plan is applied (same content: same digest) must stay."""
+    from overlayckpt.core.maintenance import apply_merge, gc_apply, gc_plan, merge_records, thin_plan
+    ov = session.overlay
+    data = b"z" * 4096
+    readme = ino(ov, "README.md")
+    ov.write(ME, readme, 0, data)
+    ov.write(OTHER, readme, 0, b"y" * 4096)  # a checkpoint between: thinning merges it away
+    ov.write(ME, readme, 0, b"x" * 4096)
+    Timeline(session).seal()
+    for m in session.store.read(lambda r: thin_plan(r, 0)):
+        session.store.write(lambda w, m=m: apply_merge(w, m, merge_records(w, m)))
+    plan = session.store.read(gc_plan)
+    assert blake3.blake3(data).digest() in plan.doomed, "only a dropped checkpoint needed it"
+    new, _ = ov.create(OTHER, ROOT_INO, b"again", REG, 0, 0)
+    ov.write(OTHER, new, 0, data)  # the doomed digest, referenced anew
+    session.store.write(lambda w: gc_apply(w, plan))
+    assert ov.live(lambda r: ov.read_all(r, new)) == data
+    assert fsck(session.store)["clean"]
