@@ -23,9 +23,20 @@ EVENTS = {
     "PostToolUse": {"hook_event_name": "PostToolUse", "session_id": "s1", "transcript_path": "",
                     "cwd": "", "tool_name": "Edit", "tool_use_id": "toolu_1",
                     "tool_input": {"file_path": "README.md"}, "tool_response": {"success": True}},
+    "PostToolUseFailure": {"hook_event_name": "PostToolUseFailure", "session_id": "s1",
+                           "transcript_path": "", "cwd": "", "tool_name": "Bash",
+                           "tool_use_id": "toolu_2", "tool_input": {"command": "false"},
+                           "error": "Exit code 1", "is_interrupt": False},
     "Stop": {"hook_event_name": "Stop", "session_id": "s1", "transcript_path": "", "cwd": "",
-             "stop_hook_active": False},
+             "stop_hook_active": False, "last_assistant_message": "Fixed the login bug.\nDone."},
 }
+
+
+def hook(m: Mount, event: dict) -> None:
+    """Run the hook as the agent does: the installed command, the event on stdin, in the mount."""
+    proc = subprocess.run(CLI + ["hook", "claude-code"], input=json.dumps(dict(event, cwd=str(m.mnt))),
+                          text=True, capture_output=True, cwd=str(m.mnt), timeout=30)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 def say(m: Mount, role: str, content: str, **extra: str) -> None:
@@ -116,17 +127,65 @@ def test_concurrent_appenders_keep_every_line_whole(mounted: Mount) -> None:
         assert mine == [f"{n}-{i}" for i in range(50)]
 
 
+def conversation(m: Mount) -> list[dict]:
+    return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
+
+
 def test_claude_code_hook_events(mounted: Mount) -> None:
-    for name, event in EVENTS.items():
-        event = dict(event, cwd=str(mounted.mnt))
-        proc = subprocess.run(CLI + ["hook", "claude-code"], input=json.dumps(event), text=True,
-                              capture_output=True, cwd=str(mounted.mnt), timeout=30)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stderr == ""
-    lines = [json.loads(x) for x in (mounted.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
+    for event in EVENTS.values():
+        hook(mounted, event)
+    lines = conversation(mounted)
     assert [x["event"] for x in lines] == list(EVENTS)
-    assert lines[0]["role"] == "user" and lines[0]["content"] == "fix the login bug"
-    assert lines[1]["tool"] == "Edit" and lines[1]["summary"] == "Edit README.md"
+    prompt, call, result, failure, stop = lines
+    assert prompt["role"] == "user" and prompt["content"] == "fix the login bug"
+    assert call["tool"] == "Edit" and call["summary"] == "Edit README.md"
+    assert call["tool_use_id"] == result["tool_use_id"] == "toolu_1"
+    assert "failed" not in result
+    assert failure["role"] == "tool" and failure["tool"] == "Bash" and failure["failed"] is True
+    assert failure["content"] == "Exit code 1" and failure["tool_use_id"] == "toolu_2"
+    assert stop["role"] == "assistant" and stop["content"] == "Fixed the login bug.\nDone."
+
+
+def test_stop_without_its_message_keeps_the_placeholder(mounted: Mount) -> None:
+    stop = {k: v for k, v in EVENTS["Stop"].items() if k != "last_assistant_message"}
+    hook(mounted, stop)
+    assert [x["content"] for x in conversation(mounted)] == ["(turn finished)"]
+
+
+def writes(m: Mount, name: str, text: str) -> None:
+    """A write by a process of its own (a separate checkpoint from the test's)."""
+    subprocess.run(["sh", "-c", f"printf '{text}' > {name}"], cwd=m.mnt, check=True, timeout=30)
+
+
+def summaries(m: Mount) -> dict[str, str]:
+    """Each changed path -> the summary of the newest checkpoint that changed it."""
+    out: dict[str, str] = {}
+    for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):
+        for f in c["files"]:
+            out[f["path"]] = c["summary"]
+    return out
+
+
+def test_a_turns_last_message_sums_up_its_changes_not_the_next(mounted: Mount) -> None:
+    hook(mounted, EVENTS["UserPromptSubmit"])
+    hook(mounted, EVENTS["PreToolUse"])
+    writes(mounted, "src/main.py", "bye\n")
+    hook(mounted, EVENTS["PostToolUse"])
+    hook(mounted, EVENTS["Stop"])
+    writes(mounted, "notes.txt", "mine\n")  # the user, after the turn
+    got = summaries(mounted)
+    assert got["src/main.py"] == "Edit README.md"  # the tool call names its own change
+    assert got["notes.txt"] == "added notes.txt"  # the finished turn is not its summary
+
+
+def test_a_turn_without_a_tool_call_is_summed_up_by_its_last_message(mounted: Mount) -> None:
+    hook(mounted, EVENTS["UserPromptSubmit"])
+    writes(mounted, "src/main.py", "bye\n")
+    hook(mounted, EVENTS["Stop"])
+    writes(mounted, "notes.txt", "mine\n")
+    got = summaries(mounted)
+    assert got["src/main.py"] == "Fixed the login bug."
+    assert got["notes.txt"] == "added notes.txt"
 
 
 def test_hook_never_breaks_the_agent(tmp_path: Path) -> None:
@@ -178,3 +237,30 @@ def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path:
     cut = (transcript.parent / f"{new_id}.jsonl").read_text().splitlines()
     assert [json.loads(x)["message"] for x in cut] == ["first"]
     assert all(json.loads(x)["sessionId"] == new_id for x in cut)
+
+
+def test_the_hook_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """The agent waits for every hook: its process loads no store, FUSE or CLI module."""
+    proc = subprocess.run([*CLI[:1], "-X", "importtime", *CLI[1:], "hook", "claude-code"],
+                          input=json.dumps(EVENTS["PreToolUse"]), text=True, capture_output=True,
+                          cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0
+    loaded = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "overlayckpt.core.agents" in loaded
+    heavy = {m for m in loaded if m.split(".")[0] in ("trio", "lmdb", "zstandard", "blake3",
+                                                      "pyfuse3", "prompt_toolkit")
+             or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records"))}
+    assert not heavy
+
+
+def test_other_forms_of_the_hook_command_get_the_full_cli(tmp_path: Path) -> None:
+    proc = subprocess.run(CLI + ["hook", "no-such-agent"], input="{}", text=True,
+                          capture_output=True, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_the_hook_takes_its_mount(mounted: Mount, tmp_path: Path) -> None:
+    for form in (["--mount", str(mounted.mnt)], [f"--mount={mounted.mnt}"]):
+        subprocess.run(CLI + ["hook", "claude-code", *form], input=json.dumps(EVENTS["UserPromptSubmit"]),
+                       text=True, check=True, cwd=tmp_path, timeout=30)
+    assert live(mounted) == ["fix the login bug"] * 2

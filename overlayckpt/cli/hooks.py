@@ -1,5 +1,7 @@
-"""The agent hooks: `hook` (run by the agent on each event: kept light to import) and
-`install-hooks`.
+"""The agent hooks: `hook` (run by the agent on each event) and `install-hooks`.
+
+`python -m overlayckpt hook AGENT`, the command we install, never gets here:
+overlayckpt/__main__.py hands it to core/agents.py before the CLI is imported.
 """
 from __future__ import annotations
 

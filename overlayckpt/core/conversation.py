@@ -98,20 +98,36 @@ def move_head(w: WriteTxn, head: int) -> None:
 
 
 def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | None:
-    """The latest tool call or assistant message that arrived while a checkpoint's changes were made."""
+    """A checkpoint's summary from the conversation: the latest tool call or assistant
+    message that arrived while its changes were made (start_seq <= line < seq).
+
+    A tool's result never is one (its call names the step). A turn's final message
+    (Stop) looks back: it sums up the changes before it (start_seq < line <= seq),
+    so it is the summary of the checkpoint its turn ended in when no tool call is,
+    never of whatever changes next.
+    """
+    last_word = None
     for key, entry in reversed(chain(r, head)):
         line_seq = entry["_seq"]
-        if line_seq >= seq:  # arrived after these changes: it belongs to the next step
+        if line_seq > seq:
             continue
         if line_seq < start_seq:
-            return None
+            break
+        if entry.get("role") == "tool":
+            continue
+        if entry.get("event") == "Stop":
+            if line_seq > start_seq and last_word is None:
+                last_word = _first_line(entry.get("content"))[:120] or None
+            continue
+        if line_seq == seq:  # arrived after these changes: it belongs to the next step
+            continue
         if entry.get("summary"):
             return str(entry["summary"])[:120]
         if entry.get("tool"):
             return f"{entry['tool']}: {_first_line(entry.get('content'))}"[:120]
         if entry.get("role") == "assistant":
             return _first_line(entry.get("content"))[:120]
-    return None
+    return last_word
 
 
 def _first_line(content: Any) -> str:

@@ -73,23 +73,52 @@ class Handle:
 
 
 class Comms:
-    """pid -> process name, for the journal (a write request carries no pid)."""
+    """Thread id -> Caller, for the journal (a write request carries no pid).
 
-    def __init__(self) -> None:
-        self._cache: dict[int, str] = {}
+    FUSE names the calling *thread*; a Caller is its process: the thread group id
+    and the group leader's name, so that one tool call written from a thread pool
+    is one group. A thread gone by the time we look keeps its own id, named "?".
+    (Writes that C acknowledged reach Python after their writer may have exited:
+    those of a short-lived writer whose open C served are named "?".)
+    """
 
-    def caller(self, pid: int) -> Caller:
-        comm = self._cache.get(pid)
-        if comm is None:
-            try:
-                with open(f"/proc/{pid}/comm", "rb") as f:
-                    comm = f.read().strip().decode(errors="replace")
-            except OSError:
-                comm = "?"
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[pid] = comm
-        return Caller(pid, comm)
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._cache: OrderedDict[int, Caller] = OrderedDict()
+
+    def caller(self, tid: int) -> Caller:
+        found = self._cache.get(tid)
+        if found is not None:
+            self._cache.move_to_end(tid)
+            return found
+        found = _process_of(tid)
+        if found.comm != "?":  # a failed look is not kept: the number may come back alive
+            self._cache[tid] = found
+            if len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return found
+
+
+def _process_of(tid: int) -> Caller:
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            status = f.read(4096)
+    except OSError:
+        return Caller(tid, "?")
+    tgid, name = tid, b"?"
+    for line in status.splitlines():
+        if line.startswith(b"Name:"):
+            name = line[5:].strip()
+        elif line.startswith(b"Tgid:"):
+            tgid = int(line[5:])
+            break
+    if tgid != tid:  # the thread's own name is not the process's
+        try:
+            with open(f"/proc/{tgid}/comm", "rb") as f:
+                name = f.read().strip()
+        except OSError:
+            pass  # the leader exited before its thread: keep the thread's name
+    return Caller(tgid, name.decode(errors="replace"))
 
 
 class Operations(pyfuse3.Operations):
