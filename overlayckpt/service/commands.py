@@ -78,17 +78,21 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
     def fn(r: ReadTxn) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        cks = tl.all(r)
-        for i in range(len(cks) - 1, -1, -1):
-            entry = checkpoint_entry(r, cks[i])
+        newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
+        ck = next(newest, None)
+        while ck is not None:
+            before = next(newest, None)
+            entry = checkpoint_entry(r, ck)
             if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
+                ck = before
                 continue
-            if len(out) < counted and i > 0 and entry["files"] and cks[i].kind != "restore":
-                entry["added"], entry["removed"] = _line_counts(s, tl, r, cks[i - 1], cks[i],
+            if len(out) < counted and before is not None and entry["files"] and ck.kind != "restore":
+                entry["added"], entry["removed"] = _line_counts(s, tl, r, before, ck,
                                                                 [f["path"] for f in entry["files"]])
             out.append(entry)
             if limit and len(out) >= limit:
                 break
+            ck = before
         return out
     return {"checkpoints": await _off_loop(s, fn)}
 
