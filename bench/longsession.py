@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.gen import GEN_VERSION as REPO_VERSION
 from bench.gen import SEED, WORK_DIR, Repo, text_blob, vocabulary
 
 GEN_VERSION = 1
@@ -56,7 +57,7 @@ def store_format() -> int:
 
 
 def cache_key(repo: Repo, records: int, checkpoints: int) -> str:
-    return f"{repo.n_files}-r{records}-c{checkpoints}-g{GEN_VERSION}-f{store_format()}"
+    return f"{repo.n_files}v{REPO_VERSION}-r{records}-c{checkpoints}-g{GEN_VERSION}-f{store_format()}"
 
 
 def _meta_format(store: Path) -> int | None:

@@ -168,7 +168,6 @@ class Stall(Workload):
         _write(d / "package-lock.json", lockfile(0))
         self.base = c.checkpoint()
         self.version = 0
-        self.probe = Probe(d / "probe.bin", PROBE_SIZE)
         ctx.extra.setdefault("stall", {})[c.name] = {
             "blob_bytes": BLOB_SIZE, "lock_lines": lockfile(0).count(b"\n"), "busy_loops": 0, "errors": []}
 
@@ -193,6 +192,13 @@ class Stall(Workload):
     def run(self, c, ctx, start, count, out):
         seconds = self.PHASE_S[0] if ctx.quick else self.PHASE_S[1]
         facts = ctx.extra["stall"][c.name]
+        self.probe = Probe(c.root / self.DIR / "probe.bin", PROBE_SIZE)
+        try:
+            self._rounds(c, ctx, count, seconds, facts, out)
+        finally:
+            self.probe.close()  # an open file would keep the mount busy at teardown
+
+    def _rounds(self, c, ctx, count: int, seconds: float, facts: dict, out: Samples) -> None:
         for _ in range(count):
             head = self._change(c)
             os.sync()  # the change's writes reach the daemon now, not during the idle phase
@@ -213,9 +219,6 @@ class Stall(Workload):
             facts["busy_loops"] += loop.done
             facts["errors"] += loop.errors[:3]
             ctx.tick(1)
-
-    def finish(self, c, ctx):
-        self.probe.close()
 
 
 # -- the long-session workload -------------------------------------------------------------
