@@ -16,7 +16,6 @@ key), so re-runs skip the build; every run works on a private copy.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import stat

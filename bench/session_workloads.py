@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from bench import longsession
-from bench.contenders import MOUNT_TIMEOUT, Contender, ContenderError, Overlayckpt, force_unmount, is_mounted, wait_mounted
+from bench.contenders import (MOUNT_TIMEOUT, Contender, ContenderError, Overlayckpt, force_unmount, is_mounted,
+                              run_cli, wait_mounted)
 from bench.workloads import Ctx, Samples, Workload, _add, now
 
 # -- probes of the mount -----------------------------------------------------------
@@ -257,15 +258,7 @@ class LongSession(Workload):
             "created_files": ctx.created_files, "repo_files": ctx.repo.n_files}
 
     def _cli(self, *args: str, timeout: float = 3600) -> str:
-        try:
-            r = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise ContenderError(f"overlayckpt {args[0]} timed out after {timeout:.0f} s") from e
-        if r.returncode != 0:
-            raise ContenderError(f"overlayckpt {' '.join(args)} exited {r.returncode}: "
-                                 f"{(r.stderr or r.stdout).strip()[-500:]}")
-        return r.stdout
+        return run_cli(self.exe, *args, timeout=timeout)
 
     def _timed(self, out: Samples, metric: str, *args: str) -> str:
         t0 = now()
