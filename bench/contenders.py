@@ -140,6 +140,7 @@ class Contender:
         self.notes: list[str] = []
         self.ckpts: list[str] = []  # checkpoint ids, oldest first
         self._fuse_minor: int | None = None
+        self.also_abort: list[int] = []  # FUSE connections a workload mounted beside ours
 
     # lifecycle
     def setup(self) -> None:
@@ -161,8 +162,8 @@ class Contender:
 
     def abort(self) -> None:
         """Called by the watchdog: make hung requests fail (FUSE connection abort)."""
-        if self._fuse_minor is not None:
-            p = Path(f"/sys/fs/fuse/connections/{self._fuse_minor}/abort")
+        for minor in ([self._fuse_minor] if self._fuse_minor is not None else []) + self.also_abort:
+            p = Path(f"/sys/fs/fuse/connections/{minor}/abort")
             try:
                 p.write_text("1")
             except OSError as e:

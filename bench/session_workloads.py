@@ -250,6 +250,8 @@ class LongSession(Workload):
         self._cli("mount", str(self.built.repo), str(self.mnt), "--store", str(self.store),
                   timeout=MOUNT_TIMEOUT * 5)
         wait_mounted(self.mnt, None, None)
+        self.minor = os.minor(os.stat(self.mnt).st_dev)
+        c.also_abort.append(self.minor)  # a hang on this mount is the watchdog's too
         last = self.built.checkpoints - 1
         self.points = {"start": 1, "middle": last // 2, "end": last}
         ctx.extra.setdefault("long_session", {})[c.name] = {
@@ -315,6 +317,7 @@ class LongSession(Workload):
         self._cli("restore", str(before), "--mount", str(self.mnt))  # untimed: the next round starts alike
 
     def finish(self, c, ctx):
+        c.also_abort.remove(self.minor)
         if is_mounted(self.mnt):
             try:
                 self._cli("unmount", str(self.mnt), "--no-apply", timeout=120)
