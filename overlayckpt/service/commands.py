@@ -63,6 +63,9 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
 
 
+LINE_COUNT_FILES = 400  # files whose lines one log counts, at most (the rest show no counts)
+
+
 @command("log")
 async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     tl = Timeline(s.ctx)
@@ -78,6 +81,7 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
     def fn(r: ReadTxn) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
+        budget = LINE_COUNT_FILES  # a checkpoint of 20,000 new files is not diffed for a log
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -86,7 +90,9 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
                 ck = before
                 continue
-            if len(out) < counted and before is not None and entry["files"] and ck.kind != "restore":
+            if (len(out) < counted and before is not None and entry["files"]
+                    and ck.kind != "restore" and len(entry["files"]) <= budget):
+                budget -= len(entry["files"])
                 entry["added"], entry["removed"] = _line_counts(s, tl, r, before, ck,
                                                                 [f["path"] for f in entry["files"]])
             out.append(entry)
