@@ -77,9 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
     h.add_argument("agent", choices=["claude-code"])
-    ih = sub.add_parser("install-hooks", help="add our hooks to the project's agent settings")
+    ih = sub.add_parser("install-hooks", help="add our hooks to the agent's user settings")
     ih.add_argument("agent", choices=["claude-code"])
-    ih.add_argument("--project", default=".", help="project directory (default: current)")
+    ih.add_argument("--settings", help="the settings file (default: ~/.claude/settings.json)")
+    ih.add_argument("--project", default=".",
+                    help="project whose .claude/settings.local.json loses our old hooks (default: current)")
 
     from overlayckpt.cli import timeline as cli_timeline
     cli_timeline.add_parsers(sub)

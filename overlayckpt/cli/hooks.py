@@ -10,15 +10,17 @@ import os
 import sys
 
 
-
 def cmd_hook(args: argparse.Namespace) -> int:
     from overlayckpt.core.agents import run_hook
     return run_hook(sys.stdin, args.mount)
 
 
 def cmd_install_hooks(args: argparse.Namespace) -> int:
-    from overlayckpt.core.agents import HOOK_MARK, install_hooks
+    from overlayckpt.core.agents import HOOK_MARK, install_hooks, remove_project_hooks, user_settings_path
     command = f"{sys.executable} -m {HOOK_MARK}"
-    path = install_hooks(os.path.abspath(args.project), command)
-    print(f"hooks written to {path}")
+    path = install_hooks(os.path.abspath(args.settings or user_settings_path()), command)
+    print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
+    old = remove_project_hooks(os.path.abspath(args.project))
+    if old:
+        print(f"removed our hooks from {old} (restoring the code could delete it)")
     return 0

@@ -26,11 +26,15 @@ def _short(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _tool_brief(tool: str, tool_input: Any) -> str:
+def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
     if isinstance(tool_input, dict):
         for key in ("file_path", "command", "pattern", "path", "url", "description"):
             if key in tool_input:
-                return f"{tool} {_short(tool_input[key], 100)}"
+                value = tool_input[key]
+                if key in ("file_path", "path") and isinstance(value, str) and isinstance(cwd, str) \
+                        and value.startswith(cwd.rstrip("/") + "/"):
+                    value = value[len(cwd.rstrip("/")) + 1:]  # as the log names paths
+                return f"{tool} {_short(value, 100)}"
     return tool
 
 
@@ -44,7 +48,7 @@ def event_to_line(event: dict[str, Any]) -> dict[str, Any] | None:
     if name == "PreToolUse":
         tool = str(event.get("tool_name", "?"))
         return {"role": "assistant", "tool": tool, "content": _short(event.get("tool_input")),
-                "summary": _tool_brief(tool, event.get("tool_input")),
+                "summary": _tool_brief(tool, event.get("tool_input"), event.get("cwd")),
                 "tool_use_id": event.get("tool_use_id"), **common}
     if name == "PostToolUse":
         tool = str(event.get("tool_name", "?"))
@@ -119,17 +123,49 @@ def run_hook(stdin: Any, mount: str | None) -> int:
     return 0
 
 
-def install_hooks(project: str, command: str) -> str:
-    """Add our hook to .claude/settings.local.json, keeping everything already there."""
-    path = os.path.join(project, ".claude", "settings.local.json")
-    settings: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            try:
-                settings = json.load(f)
-            except ValueError as e:
-                from overlayckpt.errors import UserError
-                raise UserError(f"{path} is not valid JSON ({e}): fix it first") from None
+def user_settings_path() -> str:
+    """Claude Code's user settings: read for every project, outside every captured tree."""
+    base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+    return os.path.join(base, "settings.json")
+
+
+def _is_ours(entry: dict[str, Any]) -> bool:
+    return any(HOOK_MARK in h.get("command", "") for h in entry.get("hooks", []))
+
+
+def _read_settings(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        try:
+            settings = json.load(f)
+        except ValueError as e:
+            from overlayckpt.errors import UserError
+            raise UserError(f"{path} is not valid JSON ({e}): fix it first") from None
+    if not isinstance(settings, dict):
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path} is not a JSON object: fix it first")
+    return settings
+
+
+def _write_settings(path: str, settings: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(settings, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def install_hooks(path: str, command: str) -> str:
+    """Add our hooks to the Claude Code settings file at path, keeping everything there.
+
+    Installed in the user's settings (user_settings_path), not the project's: a file in
+    the project lies in the captured tree, so restoring a checkpoint from before it
+    (`restore 0 --code`) would delete it and silently stop the logging, and git would
+    see it. Outside a mount the hook finds no mount and exits 0 at once.
+    """
+    settings = _read_settings(path)
     hooks = settings.setdefault("hooks", {})
     # Every hook stays synchronous (no "async": true): the conversation is kept in the
     # order its lines arrive, and a call's line must land before its changes, its result
@@ -138,45 +174,98 @@ def install_hooks(project: str, command: str) -> str:
     # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
     for event in EVENTS:
         entries = hooks.setdefault(event, [])
-        present = any(HOOK_MARK in h.get("command", "") for e in entries for h in e.get("hooks", []))
-        if not present:
+        if not any(_is_ours(e) for e in entries):
             entry: dict[str, Any] = {"hooks": [{"type": "command", "command": command, "timeout": 10}]}
             if event in TOOL_EVENTS:
                 entry["matcher"] = "*"
             entries.append(entry)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(settings, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    _write_settings(path, settings)
     return path
 
 
-def cut_transcript(transcript: str, until_iso: str) -> tuple[str, str]:
-    """Copy a Claude Code transcript up to a time as a new session; returns (id, path).
+def remove_project_hooks(project: str) -> str | None:
+    """Take our hooks out of a project's .claude/settings.local.json (where earlier
+    versions put them: with the user's hooks too, every event would be logged twice).
+    Returns the path if it changed."""
+    path = os.path.join(project, ".claude", "settings.local.json")
+    try:
+        settings = _read_settings(path)
+    except Exception:
+        return None  # not ours to fix
+    hooks = settings.get("hooks")
+    if not isinstance(hooks, dict):
+        return None
+    changed = False
+    for event, entries in list(hooks.items()):
+        kept = [e for e in entries if not (isinstance(e, dict) and _is_ours(e))]
+        if len(kept) != len(entries):
+            changed = True
+            if kept:
+                hooks[event] = kept
+            else:
+                del hooks[event]
+    if not changed:
+        return None
+    if not hooks:
+        del settings["hooks"]
+    _write_settings(path, settings)
+    return path
 
-    `claude --resume ID` (run in the project directory) continues from there.
+
+def _tool_results(entry: dict[str, Any]) -> set[str]:
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return set()
+    return {str(b.get("tool_use_id")) for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_result"}
+
+
+def resume_transcript(lines: list[dict[str, Any]]) -> str | None:
+    """The Claude Code transcript of a checkpoint's conversation (its lines, oldest first)
+    cut back to it; returns the copy's path, None if there is none to cut."""
+    for line in reversed(lines):
+        path = line.get("transcript_path")
+        if line.get("agent") == "claude-code" and path and os.path.isfile(path):
+            call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
+            return cut_transcript(path, line["time"], call)
+    return None
+
+
+def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = None) -> str:
+    """Copy a Claude Code transcript up to a point; returns the copy's path.
+
+    The point is a tool call's result when tool_use_id is given (the transcript names
+    calls by the ids the hooks log), else a time. The copy keeps the session id: Claude
+    keeps its file-history backups by session, and its own /rewind reaches the earlier
+    prompts only under that id (resumed, Claude appends the new turns to the session's
+    own transcript, as a branch from the cut). `claude --resume COPY` works from any
+    directory; 0600 as Claude's own transcripts.
     """
     import datetime
     import uuid
     until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
-    new_id = str(uuid.uuid4())
-    out_path = os.path.join(os.path.dirname(transcript), new_id + ".jsonl")
-    kept = 0
-    with open(transcript) as src, open(out_path, "w") as dst:
+    out_path = os.path.join(os.path.dirname(transcript), str(uuid.uuid4()) + ".jsonl")
+    entries: list[tuple[str, dict[str, Any]]] = []  # Claude's own lines, kept as written
+    with open(transcript) as src:
         for line in src:
             try:
                 entry = json.loads(line)
             except ValueError:
-                continue
+                continue  # a line cut short by a crash
+            if isinstance(entry, dict):
+                entries.append((line if line.endswith("\n") else line + "\n", entry))
+    ends = [i for i, (_, e) in enumerate(entries) if tool_use_id and tool_use_id in _tool_results(e)]
+    if ends:
+        kept = [line for line, _ in entries[:ends[0] + 1]]
+    else:  # no result for the call (or no call): what was written by then
+        kept = []
+        for line, entry in entries:
             stamp = entry.get("timestamp")
-            if stamp:
-                t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-                if t > until:
-                    break
-            if "sessionId" in entry:
-                entry["sessionId"] = new_id
-            dst.write(json.dumps(entry) + "\n")
-            kept += 1
-    return new_id, out_path
+            if stamp and datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) > until:
+                break
+            kept.append(line)
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as dst:
+        dst.writelines(kept)
+    return out_path
