@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from overlayckpt.errors import UserError
-from overlayckpt.core.journal import close_open_group, next_seq, now_ns
+from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
@@ -37,6 +37,7 @@ def parse_line(line: bytes) -> dict[str, Any]:
 def append(w: WriteTxn, obj: dict[str, Any]) -> int:
     if starts_a_call(obj):  # what was written before the call is not the call's checkpoint
         close_open_group(w)
+    hold_for_call(w, starts_a_call(obj))  # any other line: the call has ended
     key = w.next_counter(CONV_NEXT_KEY, 1)
     head = w.meta_int(CONV_HEAD_KEY, 0)
     entry = dict(obj)

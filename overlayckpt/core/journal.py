@@ -5,7 +5,8 @@ undo entries) in the same write transaction that changes the live tables, so
 a record and its change are committed together or not at all. Records are
 grouped into automatic checkpoints: a group ends when another process writes,
 or when its process has been idle for `window` seconds (0: every operation is
-its own checkpoint). A checkpoint records the journal position after its
+its own checkpoint), or when an agent's hook logs a tool call; while that call
+runs, neither of the first two ends it. A checkpoint records the journal position after its
 group, so restoring it gives the tree as it was after that group and before
 the next one.
 """
@@ -21,6 +22,9 @@ from overlayckpt.tables import (
     CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY,
 )
 
+
+
+CALL_KEY = b"tool_call"  # in META while an agent's tool call runs (see hold_for_call)
 
 
 @dataclass(slots=True)
@@ -46,7 +50,8 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     group = _open_group(w)
     if group is not None:
         start, pid, last, head = group
-        if window <= 0 or pid != caller.pid or t - last > window * 1e9:
+        held = w.get(META, CALL_KEY) is not None
+        if window <= 0 or not held and (pid != caller.pid or t - last > window * 1e9):
             _close_group(w, seq, start, last, pid, head)
             group = None
     start = seq if group is None else group[0]
@@ -86,6 +91,16 @@ def close_open_group(w: WriteTxn) -> None:
     if group is not None:
         start, pid, last, head = group
         _close_group(w, next_seq(w), start, last, pid, head)
+
+
+def hold_for_call(w: WriteTxn, running: bool) -> None:
+    """While an agent's tool call runs (its hook logged the call, not yet its result),
+    all that is written is that call's checkpoint: whatever processes it spawns (a
+    `sed && rm`, a `make -j2`) and however long it is quiet."""
+    if running:
+        w.put(META, CALL_KEY, b"1")
+    elif w.get(META, CALL_KEY) is not None:
+        w.delete(META, CALL_KEY)
 
 
 def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | None,
