@@ -1,4 +1,6 @@
-"""A scripted stand-in for the Anthropic Messages API on 127.0.0.1, for the real agent CLIs.
+"""A scripted stand-in for the model APIs on 127.0.0.1, for the real agent CLIs: the
+Anthropic Messages API (Claude Code) and the OpenAI Responses API (Codex), streamed
+as server-sent events as the agents ask.
 
 Every request that offers tools (the agent's own turn) gets the next step of the
 script: a tool call (name, input) or, at the end, a final text. Other requests
@@ -13,7 +15,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Step = tuple[str, dict[str, Any]] | str  # a tool call, or the turn's final text
+# a tool call (name, JSON input; for a Responses custom tool such as Codex's apply_patch,
+# the input is its text), or the turn's final text
+Step = tuple[str, dict[str, Any] | str] | str
 
 
 class ScriptedModel:
@@ -52,6 +56,34 @@ class ScriptedModel:
             self.calls += 1
             call_id = f"toolu_e2e_{self.calls:02d}"
         return [{"type": "tool_use", "id": call_id, "name": name, "input": tool_input}]
+
+
+def _responses_stream(model: str, blocks: list[dict[str, Any]]) -> bytes:
+    """The Responses API's events for one reply (what Codex reads of them)."""
+    items = []
+    for i, block in enumerate(blocks):
+        if block["type"] == "text":
+            items.append({"type": "message", "role": "assistant", "id": f"msg_e2e_{i}", "status": "completed",
+                          "content": [{"type": "output_text", "text": block["text"], "annotations": []}]})
+        elif isinstance(block["input"], str):
+            items.append({"type": "custom_tool_call", "id": f"ctc_{block['id']}", "status": "completed",
+                          "call_id": block["id"], "name": block["name"], "input": block["input"]})
+        else:
+            items.append({"type": "function_call", "id": f"fc_{block['id']}", "status": "completed",
+                          "call_id": block["id"], "name": block["name"],
+                          "arguments": json.dumps(block["input"])})
+    response = {"id": "resp_e2e", "object": "response", "model": model, "status": "in_progress", "output": []}
+    out = [_sse("response.created", {"type": "response.created", "response": response})]
+    for i, item in enumerate(items):
+        out.append(_sse("response.output_item.added", {"type": "response.output_item.added",
+                                                       "output_index": i, "item": item}))
+        out.append(_sse("response.output_item.done", {"type": "response.output_item.done",
+                                                      "output_index": i, "item": item}))
+    done = dict(response, status="completed", output=items, usage={
+        "input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15})
+    out.append(_sse("response.completed", {"type": "response.completed", "response": done}))
+    return b"".join(out)
 
 
 class _Server(ThreadingHTTPServer):
@@ -115,6 +147,10 @@ def _handler(owner: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 body = {}
             if self.path.split("?")[0].endswith("/count_tokens"):
                 self._send(200, "application/json", b'{"input_tokens": 10}')
+                return
+            if self.path.split("?")[0].endswith("/responses"):
+                blocks = owner.reply(body)
+                self._send(200, "text/event-stream", _responses_stream(str(body.get("model", "")), blocks))
                 return
             if not self.path.split("?")[0].endswith("/v1/messages"):
                 self._send(200, "application/json", b"{}")

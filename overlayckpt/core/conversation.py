@@ -50,8 +50,9 @@ def append(w: WriteTxn, obj: dict[str, Any]) -> int:
 
 
 def starts_a_call(obj: dict[str, Any]) -> bool:
-    """An agent's tool call, logged before it runs (a hook's PreToolUse)."""
-    return obj.get("role") == "assistant" and bool(obj.get("tool")) and obj.get("event") != "Stop"
+    """An agent's tool call, logged by its hook before it runs. (Lines written by hand
+    may come before or after their changes: they never split or hold a group.)"""
+    return obj.get("event") == "PreToolUse"
 
 
 def append_line(store: Store, line: bytes) -> None:
