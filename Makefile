@@ -34,7 +34,8 @@ test-fast: install
 # npm from Debian). The tests install them this way themselves when they are missing.
 AGENTS := .agents
 CLAUDE_CODE := @anthropic-ai/claude-code@2.1.197
-AGENT_STAMP := $(AGENTS)/.installed-$(subst /,_,$(CLAUDE_CODE))
+CODEX := @openai/codex@0.171.0
+AGENT_STAMP := $(AGENTS)/.installed-$(subst /,_,$(CLAUDE_CODE)-$(CODEX))
 
 agents: $(AGENT_STAMP)
 
@@ -42,12 +43,13 @@ $(AGENT_STAMP):
 	@command -v npm >/dev/null || { echo "installing Debian packages: nodejs npm"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS)
-	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(CLAUDE_CODE)
+	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(CLAUDE_CODE) $(CODEX)
 	$(AGENTS)/node_modules/.bin/claude --version
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/codex --version
 	touch $(AGENT_STAMP)
 
 test-agents: install agents
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_agents_claude.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_agents_claude.py tests/test_agents_codex.py
 
 stress: install
 	$(PY) -m pytest -q -p no:cacheprovider -m stress tests

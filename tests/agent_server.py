@@ -11,9 +11,28 @@ an agent sent (for example after `claude --resume`).
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def agent_cli(name: str) -> Path:
+    """An agent CLI pinned in the Makefile; installed by `make agents` if missing, the
+    test skipped only if that fails (no network)."""
+    path = ROOT / ".agents" / "node_modules" / ".bin" / name
+    if not path.exists():
+        proc = subprocess.run(["make", "-C", str(ROOT), "agents"], capture_output=True, text=True,
+                              timeout=600)
+        if proc.returncode != 0 or not path.exists():
+            last = (proc.stderr.strip() or proc.stdout.strip() or "?").splitlines()[-1]
+            pytest.skip(f"{name} could not be installed from npm (`make agents`): {last}")
+    return path
 
 # a tool call (name, JSON input; for a Responses custom tool such as Codex's apply_patch,
 # the input is its text), or the turn's final text

@@ -18,23 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel
+from agent_server import ScriptedModel, agent_cli
 from conftest import Mount, run_cli
-
-ROOT = Path(__file__).resolve().parent.parent
-CLAUDE = ROOT / ".agents" / "node_modules" / ".bin" / "claude"
-
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
-    """The pinned CLI; installed by `make agents` if missing, skipped only if that fails."""
-    if not CLAUDE.exists():
-        proc = subprocess.run(["make", "-C", str(ROOT), "agents"], capture_output=True, text=True,
-                              timeout=600)
-        if proc.returncode != 0 or not CLAUDE.exists():
-            last = (proc.stderr.strip() or proc.stdout.strip() or "?").splitlines()[-1]
-            pytest.skip(f"Claude Code could not be installed from npm (`make agents`): {last}")
-    return CLAUDE
+    return agent_cli("claude")
 
 
 @pytest.fixture

@@ -12,15 +12,17 @@ import sys
 
 def cmd_hook(args: argparse.Namespace) -> int:
     from overlayckpt.core.agents import run_hook
-    return run_hook(sys.stdin, args.mount)
+    return run_hook(sys.stdin, args.mount, args.agent)
 
 
 def cmd_install_hooks(args: argparse.Namespace) -> int:
     from overlayckpt.core.agents import HOOK_MARK, install_hooks, remove_project_hooks, user_settings_path
-    command = f"{sys.executable} -m {HOOK_MARK}"
-    path = install_hooks(os.path.abspath(args.settings or user_settings_path()), command)
+    command = f"{sys.executable} -m {HOOK_MARK} {args.agent}"
+    path = install_hooks(os.path.abspath(args.settings or user_settings_path(args.agent)), command, args.agent)
     print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
-    old = remove_project_hooks(os.path.abspath(args.project))
+    if args.agent == "codex":
+        print("Codex runs them once trusted: review them with /hooks in codex")
+    old = remove_project_hooks(os.path.abspath(args.project)) if args.agent == "claude-code" else None
     if old:
         print(f"removed our hooks from {old} (restoring the code could delete it)")
     return 0

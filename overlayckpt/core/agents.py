@@ -1,5 +1,6 @@
-"""Agent integration: Claude Code hook events into the conversation sidecar,
-hook installation, and Claude Code transcripts cut back to a checkpoint.
+"""Agent integration: Claude Code and Codex hook events into the conversation
+sidecar (both send the same snake_case fields), hook installation, and Claude
+Code transcripts cut back to a checkpoint.
 
 The hook must never break the agent: whatever goes wrong, it prints at most
 one line on stderr and exits 0, quickly.
@@ -16,8 +17,10 @@ from typing import Any
 MAX_EVENT = 4 << 20
 EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
-HOOK_MARK = "overlayckpt hook claude-code"
-AGENTS = ("claude-code",)
+AGENTS = ("claude-code", "codex")
+# the events each agent's hook file may name (Codex refuses a file with one it lacks)
+AGENT_EVENTS = {"claude-code": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")}
+HOOK_MARK = "overlayckpt hook"  # in every command we install: `... -m overlayckpt hook AGENT`
 TURN_FINISHED = "(turn finished)"  # a Stop event without the assistant's last message
 
 
@@ -26,7 +29,20 @@ def _short(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _patch_brief(command: str) -> str | None:
+    """Codex's `apply_patch` (run through its shell tool) named by the files it touches."""
+    if not command.lstrip().startswith("apply_patch"):
+        return None
+    files = [line.split(":", 1)[1].strip() for line in command.splitlines()
+             if line.startswith(("*** Add File:", "*** Update File:", "*** Delete File:"))]
+    return "apply_patch " + ", ".join(files) if files else None
+
+
 def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
+    if isinstance(tool_input, dict) and isinstance(tool_input.get("command"), str):
+        patch = _patch_brief(tool_input["command"])
+        if patch:
+            return _short(patch, 100)
     if isinstance(tool_input, dict):
         for key in ("file_path", "command", "pattern", "path", "url", "description"):
             if key in tool_input:
@@ -38,10 +54,10 @@ def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
     return tool
 
 
-def event_to_line(event: dict[str, Any]) -> dict[str, Any] | None:
-    """One conversation line for a Claude Code hook event (None: nothing to log)."""
+def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str, Any] | None:
+    """One conversation line for an agent's hook event (None: nothing to log)."""
     name = event.get("hook_event_name")
-    common = {"agent": "claude-code", "event": name, "session_id": event.get("session_id"),
+    common = {"agent": agent, "event": name, "session_id": event.get("session_id"),
               "transcript_path": event.get("transcript_path")}
     if name == "UserPromptSubmit":
         return {"role": "user", "content": str(event.get("prompt", "")), **common}
@@ -95,10 +111,10 @@ def hook_main(argv: list[str]) -> int | None:
         mount = rest.pop()[len("--mount="):]
     if len(rest) != 1 or rest[0] not in AGENTS:
         return None
-    return run_hook(sys.stdin, mount)
+    return run_hook(sys.stdin, mount, rest[0])
 
 
-def run_hook(stdin: Any, mount: str | None) -> int:
+def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
     try:
         raw = stdin.read(MAX_EVENT + 1)
         if len(raw) > MAX_EVENT:
@@ -106,7 +122,7 @@ def run_hook(stdin: Any, mount: str | None) -> int:
         event = json.loads(raw)
         if not isinstance(event, dict):
             raise ValueError("event is not a JSON object")
-        line = event_to_line(event)
+        line = event_to_line(event, agent)
         if line is None:
             return 0
         target = mount or os.environ.get("OVERLAYCKPT_MOUNT") or find_mount_for(event.get("cwd"))
@@ -123,8 +139,11 @@ def run_hook(stdin: Any, mount: str | None) -> int:
     return 0
 
 
-def user_settings_path() -> str:
-    """Claude Code's user settings: read for every project, outside every captured tree."""
+def user_settings_path(agent: str = "claude-code") -> str:
+    """The agent's user-level hooks file: read for every project, outside every captured tree."""
+    if agent == "codex":
+        base = os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+        return os.path.join(base, "hooks.json")
     base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
     return os.path.join(base, "settings.json")
 
@@ -157,8 +176,8 @@ def _write_settings(path: str, settings: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def install_hooks(path: str, command: str) -> str:
-    """Add our hooks to the Claude Code settings file at path, keeping everything there.
+def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
+    """Add our hooks to the agent's settings (hooks) file at path, keeping everything there.
 
     Installed in the user's settings (user_settings_path), not the project's: a file in
     the project lies in the captured tree, so restoring a checkpoint from before it
@@ -172,7 +191,7 @@ def install_hooks(path: str, command: str) -> str:
     # before the next call (parallel tool calls are milliseconds apart), a prompt before
     # the first call it causes; `claude -p` may exit before a background Stop hook ends.
     # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
-    for event in EVENTS:
+    for event in AGENT_EVENTS[agent]:
         entries = hooks.setdefault(event, [])
         if not any(_is_ours(e) for e in entries):
             entry: dict[str, Any] = {"hooks": [{"type": "command", "command": command, "timeout": 10}]}
