@@ -3,7 +3,8 @@
 
 Codex 0.171 offers a shell tool (exec_command) and applies `apply_patch` run through it
 itself; ten changing calls of both kinds must be ten checkpoints with their summaries,
-files, conversation and restores, as with Claude Code (tests/test_agents_claude.py).
+files, conversation and restores, as with Claude Code (tests/test_agents_claude.py), and
+`codex resume` of the rollout cut at a checkpoint must send the model that cut.
 Codex sends no PostToolUse for an apply_patch: the next call's line ends it.
 """
 from __future__ import annotations
@@ -59,6 +60,14 @@ STEPS: list[tuple[str, str, dict[str, str | None]]] = [
 FINAL = "All ten changes are made."
 
 
+def run_codex(codex: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
+    proc = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                           *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"codex failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
 def read(root: Path, path: str) -> str | None:
     try:
         return (root / path).read_text()
@@ -80,10 +89,8 @@ def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: Scr
     assert (home / ".codex" / "hooks.json").exists() and not (m.mnt / ".codex").exists()
     model.play([("exec_command", {"cmd": cmd}) for cmd, _, _ in STEPS] + [FINAL])
     # the bypass stands in for the user's review of new hooks (/hooks in codex)
-    proc = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                           "--dangerously-bypass-hook-trust", "make the ten changes"],
-                          cwd=m.mnt, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0 and FINAL in proc.stdout, proc.stdout + proc.stderr
+    out = run_codex(codex, env, m.mnt, "--dangerously-bypass-hook-trust", "make the ten changes")
+    assert FINAL in out
     call_ids = [f"toolu_e2e_{i + 1:02d}" for i in range(len(STEPS))]
 
     log = m.ctl_ok({"cmd": "log"})["checkpoints"]
@@ -106,3 +113,17 @@ def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: Scr
     for ck, state in zip(autos, states):
         m.cli("restore", str(ck["id"]), "--code")
         assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+
+    # back to the fifth call, code and conversation: the cut rollout resumes, from anywhere
+    result = m.ctl_ok({"cmd": "restore", "id": autos[4]["id"], "what": "both"})
+    command = result["resume"].split()
+    assert command[:2] == ["codex", "resume"], result
+    assert Path(result["transcript"]).stat().st_mode & 0o777 == 0o600
+    turns_before = len(model.turns)
+    model.play(["Resumed where we were."])
+    out = run_codex(codex, env, tmp_path, "resume", command[2], "where were we?")
+    assert "Resumed where we were." in out
+    sent = model.turns[turns_before]["input"]
+    assert [x["call_id"] for x in sent if x.get("type") == "function_call"] == call_ids[:5]
+    assert [x["call_id"] for x in sent if x.get("type") == "function_call_output"] == call_ids[:5]
+    assert "where were we?" in str(sent[-1])

@@ -231,24 +231,67 @@ def remove_project_hooks(project: str) -> str | None:
     return path
 
 
-def _tool_results(entry: dict[str, Any]) -> set[str]:
+def _claude_result(entry: dict[str, Any], call_id: str) -> bool:
     message = entry.get("message")
     content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return set()
-    return {str(b.get("tool_use_id")) for b in content
-            if isinstance(b, dict) and b.get("type") == "tool_result"}
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") == call_id
+        for b in content)
 
 
-def resume_transcript(lines: list[dict[str, Any]]) -> str | None:
-    """The Claude Code transcript of a checkpoint's conversation (its lines, oldest first)
-    cut back to it; returns the copy's path, None if there is none to cut."""
+def _codex_result(entry: dict[str, Any], call_id: str) -> bool:
+    payload = entry.get("payload")
+    return entry.get("type") == "response_item" and isinstance(payload, dict) \
+        and payload.get("type") in ("function_call_output", "custom_tool_call_output") \
+        and payload.get("call_id") == call_id
+
+
+def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """The agent transcript of a checkpoint's conversation (its lines, oldest first) cut
+    back to it: (the command that resumes it, the copy's path); None if there is none."""
     for line in reversed(lines):
         path = line.get("transcript_path")
-        if line.get("agent") == "claude-code" and path and os.path.isfile(path):
+        agent = line.get("agent")
+        if agent in AGENTS and path and os.path.isfile(path):
             call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
-            return cut_transcript(path, line["time"], call)
+            if agent == "codex":
+                session, copy = cut_codex_rollout(path, line["time"], call)
+                return f"codex resume {session}", copy
+            copy = cut_transcript(path, line["time"], call)
+            return f"claude --resume {copy}", copy
     return None
+
+
+def _cut(path: str, until_iso: str, is_end: Any) -> list[str]:
+    """A JSONL transcript's lines (as written) through the first entry is_end accepts,
+    or, if none does, those stamped no later than until_iso."""
+    import datetime
+    until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
+    entries: list[tuple[str, dict[str, Any]]] = []
+    with open(path) as src:
+        for line in src:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if isinstance(entry, dict):
+                entries.append((line if line.endswith("\n") else line + "\n", entry))
+    ends = [i for i, (_, e) in enumerate(entries) if is_end(e)]
+    if ends:
+        return [line for line, _ in entries[:ends[0] + 1]]
+    kept = []
+    for line, entry in entries:
+        stamp = entry.get("timestamp")
+        if isinstance(stamp, str) and datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) > until:
+            break
+        kept.append(line)
+    return kept
+
+
+def _write_private(path: str, lines: list[str]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as the agents keep theirs
+    with os.fdopen(fd, "w") as dst:
+        dst.writelines(lines)
 
 
 def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = None) -> str:
@@ -259,32 +302,34 @@ def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = No
     keeps its file-history backups by session, and its own /rewind reaches the earlier
     prompts only under that id (resumed, Claude appends the new turns to the session's
     own transcript, as a branch from the cut). `claude --resume COPY` works from any
-    directory; 0600 as Claude's own transcripts.
+    directory.
     """
-    import datetime
     import uuid
-    until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
+    kept = _cut(transcript, until_iso, lambda e: tool_use_id is not None and _claude_result(e, tool_use_id))
     out_path = os.path.join(os.path.dirname(transcript), str(uuid.uuid4()) + ".jsonl")
-    entries: list[tuple[str, dict[str, Any]]] = []  # Claude's own lines, kept as written
-    with open(transcript) as src:
-        for line in src:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            if isinstance(entry, dict):
-                entries.append((line if line.endswith("\n") else line + "\n", entry))
-    ends = [i for i, (_, e) in enumerate(entries) if tool_use_id and tool_use_id in _tool_results(e)]
-    if ends:
-        kept = [line for line, _ in entries[:ends[0] + 1]]
-    else:  # no result for the call (or no call): what was written by then
-        kept = []
-        for line, entry in entries:
-            stamp = entry.get("timestamp")
-            if stamp and datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) > until:
-                break
-            kept.append(line)
-    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as dst:
-        dst.writelines(kept)
+    _write_private(out_path, kept)
     return out_path
+
+
+def cut_codex_rollout(rollout: str, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
+    """Copy a Codex rollout up to a call's output (else a time) as a session of its own;
+    returns (its id, its path). Codex finds a session by the id in its first line
+    (session_meta) and in the file's name; `codex resume ID` works from any directory."""
+    import uuid
+    kept = _cut(rollout, until_iso, lambda e: call_id is not None and _codex_result(e, call_id))
+    new_id = str(uuid.uuid4())
+    old_id = None
+    for i, line in enumerate(kept):
+        entry = json.loads(line)
+        payload = entry.get("payload")
+        if entry.get("type") == "session_meta" and isinstance(payload, dict) and payload.get("id"):
+            old_id = str(payload["id"])
+            kept[i] = line.replace(old_id, new_id)
+            break
+    if old_id is None:
+        raise ValueError(f"{rollout} has no session id")
+    name = os.path.basename(rollout)
+    name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
+    out_path = os.path.join(os.path.dirname(rollout), name)
+    _write_private(out_path, kept)
+    return new_id, out_path

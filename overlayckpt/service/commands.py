@@ -122,16 +122,23 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
-    """For Claude Code sessions: a transcript cut back to the checkpoint, to resume from."""
-    from overlayckpt.core.agents import resume_transcript
+    """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
+    and the command that resumes it."""
+    from overlayckpt.core.agents import resume_command
     from overlayckpt.core.conversation import live_lines
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:
-        path = resume_transcript(lines)
+        found = resume_command(lines)
     except (OSError, ValueError):
         return {}
-    return {"claude_resume": f"claude --resume {path}", "transcript": path} if path else {}
+    if found is None:
+        return {}
+    command, path = found
+    out = {"resume": command, "transcript": path}
+    if command.startswith("claude "):
+        out["claude_resume"] = command  # the key cli/timeline.py prints
+    return out
 
 
 @command("conversation")
