@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-fast stress demo bench bench-quick clean deps
+.PHONY: install test test-fast test-agents agents stress demo bench bench-quick clean deps
 
 install: $(STAMP)
 
@@ -30,6 +30,27 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/core
 
+# The real agent CLIs for tests/test_agents_*.py, pinned, from npm into .agents/ (node and
+# npm from Debian). The tests install them this way themselves when they are missing.
+AGENTS := .agents
+CLAUDE_CODE := @anthropic-ai/claude-code@2.1.197
+CODEX := @openai/codex@0.171.0
+AGENT_STAMP := $(AGENTS)/.installed-$(subst /,_,$(CLAUDE_CODE)-$(CODEX))
+
+agents: $(AGENT_STAMP)
+
+$(AGENT_STAMP):
+	@command -v npm >/dev/null || { echo "installing Debian packages: nodejs npm"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	mkdir -p $(AGENTS)
+	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(CLAUDE_CODE) $(CODEX)
+	$(AGENTS)/node_modules/.bin/claude --version
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/codex --version
+	touch $(AGENT_STAMP)
+
+test-agents: install agents
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_agents_claude.py tests/test_agents_codex.py
+
 stress: install
 	$(PY) -m pytest -q -p no:cacheprovider -m stress tests
 
@@ -46,4 +67,4 @@ bench-quick: install
 
 clean:
 	-for m in $$(awk '$$3 ~ /^fuse/ {print $$2}' /proc/mounts); do fusermount3 -uz $$m; done
-	rm -rf $(VENV) build *.egg-info .pytest_cache bench/work
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench/work $(AGENTS)

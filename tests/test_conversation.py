@@ -199,13 +199,22 @@ def test_hook_never_breaks_the_agent(tmp_path: Path) -> None:
 
 
 def test_install_hooks_keeps_existing_settings(tmp_path: Path) -> None:
-    settings = tmp_path / ".claude" / "settings.local.json"
-    settings.parent.mkdir()
+    """Into the user's settings (HOME here is a scratch directory), never the project's."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    settings = home / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True)
     mine = {"permissions": {"allow": ["Bash(ls)"]},
             "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "x"}]}]}}
     settings.write_text(json.dumps(mine))
+    # an install by an earlier version, in the project (inside the captured tree)
+    local = project / ".claude" / "settings.local.json"
+    local.parent.mkdir(parents=True)
+    local.write_text(json.dumps({"permissions": {"allow": ["Read"]}, "hooks": {"Stop": [
+        {"hooks": [{"type": "command", "command": "python -m overlayckpt hook claude-code"}]}]}}))
+    env = dict(os.environ, HOME=str(home))
+    env.pop("CLAUDE_CONFIG_DIR", None)
     for _ in range(2):  # idempotent
-        run_cli("install-hooks", "claude-code", "--project", str(tmp_path))
+        run_cli("install-hooks", "claude-code", "--project", str(project), env=env)
     got = json.loads(settings.read_text())
     assert got["permissions"] == mine["permissions"]
     pre = got["hooks"]["PreToolUse"]
@@ -213,6 +222,17 @@ def test_install_hooks_keeps_existing_settings(tmp_path: Path) -> None:
     for event in EVENTS:
         assert sum("overlayckpt hook claude-code" in h["command"]
                    for e in got["hooks"][event] for h in e["hooks"]) == 1
+    assert json.loads(local.read_text()) == {"permissions": {"allow": ["Read"]}}
+    assert not (project / ".claude" / "settings.json").exists()
+
+
+def test_install_hooks_refuses_a_broken_settings_file(tmp_path: Path) -> None:
+    settings = tmp_path / "settings.json"
+    settings.write_text("{broken")
+    proc = run_cli("install-hooks", "claude-code", "--settings", str(settings), "--project", str(tmp_path),
+                   check=False)
+    assert proc.returncode != 0 and "not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
+    assert settings.read_text() == "{broken"
 
 
 def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path: Path) -> None:
@@ -233,10 +253,12 @@ def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path:
         f.write(entry("second", time.time() + 60) + "\n")
     out = m.cli("restore", cid).stdout
     assert "claude --resume" in out
-    new_id = out.split("claude --resume ")[1].split()[0]
-    cut = (transcript.parent / f"{new_id}.jsonl").read_text().splitlines()
+    cut_path = Path(out.split("claude --resume ")[1].split()[0])
+    assert cut_path.is_absolute() and cut_path.parent == transcript.parent
+    cut = cut_path.read_text().splitlines()
     assert [json.loads(x)["message"] for x in cut] == ["first"]
-    assert all(json.loads(x)["sessionId"] == new_id for x in cut)
+    assert all(json.loads(x)["sessionId"] == "sess" for x in cut)  # Claude's /rewind needs it
+    assert cut_path.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_hook_imports_only_what_it_needs(tmp_path: Path) -> None:

@@ -191,8 +191,8 @@ def record(m: Mount, seed: int, steps: int, trees: bool = True) -> dict[int, dic
     live: dict[int, dict] = {}
     for i in range(steps):
         say(m, "user", f"step {i}\nplease")
+        say(m, "assistant", f"did step {i}", tool="Bash")  # a call is logged before its changes
         step(rng, m.mnt, i)
-        say(m, "assistant", f"did step {i}", tool="Bash")
         live[m.ctl({"cmd": "checkpoint"})["id"]] = tree_digest(str(m.mnt)) if trees else {}
         if i == steps // 2:
             assert m.ctl({"cmd": "restore", "id": min(live)})["ok"]

@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "keeping the damaged one beside it")
 
     h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
-    h.add_argument("agent", choices=["claude-code"])
-    ih = sub.add_parser("install-hooks", help="add our hooks to the project's agent settings")
-    ih.add_argument("agent", choices=["claude-code"])
-    ih.add_argument("--project", default=".", help="project directory (default: current)")
+    h.add_argument("agent", choices=["claude-code", "codex"])
+    ih = sub.add_parser("install-hooks", help="add our hooks to the agent's user settings")
+    ih.add_argument("agent", choices=["claude-code", "codex"])
+    ih.add_argument("--settings", help="the settings file (default: ~/.claude/settings.json, ~/.codex/hooks.json)")
+    ih.add_argument("--project", default=".",
+                    help="project whose .claude/settings.local.json loses our old hooks (default: current)")
 
     sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "
                                "(stdio): timeline, diff, checkpoint, restore")

@@ -10,15 +10,19 @@ import os
 import sys
 
 
-
 def cmd_hook(args: argparse.Namespace) -> int:
     from overlayckpt.core.agents import run_hook
-    return run_hook(sys.stdin, args.mount)
+    return run_hook(sys.stdin, args.mount, args.agent)
 
 
 def cmd_install_hooks(args: argparse.Namespace) -> int:
-    from overlayckpt.core.agents import HOOK_MARK, install_hooks
-    command = f"{sys.executable} -m {HOOK_MARK}"
-    path = install_hooks(os.path.abspath(args.project), command)
-    print(f"hooks written to {path}")
+    from overlayckpt.core.agents import HOOK_MARK, install_hooks, remove_project_hooks, user_settings_path
+    command = f"{sys.executable} -m {HOOK_MARK} {args.agent}"
+    path = install_hooks(os.path.abspath(args.settings or user_settings_path(args.agent)), command, args.agent)
+    print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
+    if args.agent == "codex":
+        print("Codex runs them once trusted: review them with /hooks in codex")
+    old = remove_project_hooks(os.path.abspath(args.project)) if args.agent == "claude-code" else None
+    if old:
+        print(f"removed our hooks from {old} (restoring the code could delete it)")
     return 0

@@ -1,5 +1,6 @@
-"""Agent integration: Claude Code hook events into the conversation sidecar,
-hook installation, and Claude Code transcripts cut back to a checkpoint.
+"""Agent integration: Claude Code and Codex hook events into the conversation
+sidecar (both send the same snake_case fields), hook installation, and Claude
+Code transcripts cut back to a checkpoint.
 
 The hook must never break the agent: whatever goes wrong, it prints at most
 one line on stderr and exits 0, quickly.
@@ -16,8 +17,10 @@ from typing import Any
 MAX_EVENT = 4 << 20
 EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
-HOOK_MARK = "overlayckpt hook claude-code"
-AGENTS = ("claude-code",)
+AGENTS = ("claude-code", "codex")
+# the events each agent's hook file may name (Codex refuses a file with one it lacks)
+AGENT_EVENTS = {"claude-code": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")}
+HOOK_MARK = "overlayckpt hook"  # in every command we install: `... -m overlayckpt hook AGENT`
 TURN_FINISHED = "(turn finished)"  # a Stop event without the assistant's last message
 
 
@@ -26,25 +29,42 @@ def _short(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _tool_brief(tool: str, tool_input: Any) -> str:
+def _patch_brief(command: str) -> str | None:
+    """Codex's `apply_patch` (run through its shell tool) named by the files it touches."""
+    if not command.lstrip().startswith("apply_patch"):
+        return None
+    files = [line.split(":", 1)[1].strip() for line in command.splitlines()
+             if line.startswith(("*** Add File:", "*** Update File:", "*** Delete File:"))]
+    return "apply_patch " + ", ".join(files) if files else None
+
+
+def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
+    if isinstance(tool_input, dict) and isinstance(tool_input.get("command"), str):
+        patch = _patch_brief(tool_input["command"])
+        if patch:
+            return _short(patch, 100)
     if isinstance(tool_input, dict):
         for key in ("file_path", "command", "pattern", "path", "url", "description"):
             if key in tool_input:
-                return f"{tool} {_short(tool_input[key], 100)}"
+                value = tool_input[key]
+                if key in ("file_path", "path") and isinstance(value, str) and isinstance(cwd, str) \
+                        and value.startswith(cwd.rstrip("/") + "/"):
+                    value = value[len(cwd.rstrip("/")) + 1:]  # as the log names paths
+                return f"{tool} {_short(value, 100)}"
     return tool
 
 
-def event_to_line(event: dict[str, Any]) -> dict[str, Any] | None:
-    """One conversation line for a Claude Code hook event (None: nothing to log)."""
+def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str, Any] | None:
+    """One conversation line for an agent's hook event (None: nothing to log)."""
     name = event.get("hook_event_name")
-    common = {"agent": "claude-code", "event": name, "session_id": event.get("session_id"),
+    common = {"agent": agent, "event": name, "session_id": event.get("session_id"),
               "transcript_path": event.get("transcript_path")}
     if name == "UserPromptSubmit":
         return {"role": "user", "content": str(event.get("prompt", "")), **common}
     if name == "PreToolUse":
         tool = str(event.get("tool_name", "?"))
         return {"role": "assistant", "tool": tool, "content": _short(event.get("tool_input")),
-                "summary": _tool_brief(tool, event.get("tool_input")),
+                "summary": _tool_brief(tool, event.get("tool_input"), event.get("cwd")),
                 "tool_use_id": event.get("tool_use_id"), **common}
     if name == "PostToolUse":
         tool = str(event.get("tool_name", "?"))
@@ -91,10 +111,10 @@ def hook_main(argv: list[str]) -> int | None:
         mount = rest.pop()[len("--mount="):]
     if len(rest) != 1 or rest[0] not in AGENTS:
         return None
-    return run_hook(sys.stdin, mount)
+    return run_hook(sys.stdin, mount, rest[0])
 
 
-def run_hook(stdin: Any, mount: str | None) -> int:
+def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
     try:
         raw = stdin.read(MAX_EVENT + 1)
         if len(raw) > MAX_EVENT:
@@ -102,7 +122,7 @@ def run_hook(stdin: Any, mount: str | None) -> int:
         event = json.loads(raw)
         if not isinstance(event, dict):
             raise ValueError("event is not a JSON object")
-        line = event_to_line(event)
+        line = event_to_line(event, agent)
         if line is None:
             return 0
         target = mount or os.environ.get("OVERLAYCKPT_MOUNT") or find_mount_for(event.get("cwd"))
@@ -119,64 +139,197 @@ def run_hook(stdin: Any, mount: str | None) -> int:
     return 0
 
 
-def install_hooks(project: str, command: str) -> str:
-    """Add our hook to .claude/settings.local.json, keeping everything already there."""
-    path = os.path.join(project, ".claude", "settings.local.json")
-    settings: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            try:
-                settings = json.load(f)
-            except ValueError as e:
-                from overlayckpt.errors import UserError
-                raise UserError(f"{path} is not valid JSON ({e}): fix it first") from None
-    hooks = settings.setdefault("hooks", {})
-    # Every hook stays synchronous (no "async": true): the conversation is kept in the
-    # order its lines arrive, and a call's line must land before its changes, its result
-    # before the next call (parallel tool calls are milliseconds apart), a prompt before
-    # the first call it causes; `claude -p` may exit before a background Stop hook ends.
-    # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
-    for event in EVENTS:
-        entries = hooks.setdefault(event, [])
-        present = any(HOOK_MARK in h.get("command", "") for e in entries for h in e.get("hooks", []))
-        if not present:
-            entry: dict[str, Any] = {"hooks": [{"type": "command", "command": command, "timeout": 10}]}
-            if event in TOOL_EVENTS:
-                entry["matcher"] = "*"
-            entries.append(entry)
+def user_settings_path(agent: str = "claude-code") -> str:
+    """The agent's user-level hooks file: read for every project, outside every captured tree."""
+    if agent == "codex":
+        base = os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+        return os.path.join(base, "hooks.json")
+    base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+    return os.path.join(base, "settings.json")
+
+
+def _is_ours(entry: dict[str, Any]) -> bool:
+    return any(HOOK_MARK in h.get("command", "") for h in entry.get("hooks", []))
+
+
+def _read_settings(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        try:
+            settings = json.load(f)
+        except ValueError as e:
+            from overlayckpt.errors import UserError
+            raise UserError(f"{path} is not valid JSON ({e}): fix it first") from None
+    if not isinstance(settings, dict):
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path} is not a JSON object: fix it first")
+    return settings
+
+
+def _write_settings(path: str, settings: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(settings, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
+    """Add our hooks to the agent's settings (hooks) file at path, keeping everything there.
+
+    Installed in the user's settings (user_settings_path), not the project's: a file in
+    the project lies in the captured tree, so restoring a checkpoint from before it
+    (`restore 0 --code`) would delete it and silently stop the logging, and git would
+    see it. Outside a mount the hook finds no mount and exits 0 at once.
+    """
+    settings = _read_settings(path)
+    hooks = settings.setdefault("hooks", {})
+    # Every hook stays synchronous (no "async": true): the conversation is kept in the
+    # order its lines arrive, and a call's line must land before its changes, its result
+    # before the next call (parallel tool calls are milliseconds apart), a prompt before
+    # the first call it causes; `claude -p` may exit before a background Stop hook ends.
+    # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
+    for event in AGENT_EVENTS[agent]:
+        entries = hooks.setdefault(event, [])
+        if not any(_is_ours(e) for e in entries):
+            entry: dict[str, Any] = {"hooks": [{"type": "command", "command": command, "timeout": 10}]}
+            if event in TOOL_EVENTS:
+                entry["matcher"] = "*"
+            entries.append(entry)
+    _write_settings(path, settings)
     return path
 
 
-def cut_transcript(transcript: str, until_iso: str) -> tuple[str, str]:
-    """Copy a Claude Code transcript up to a time as a new session; returns (id, path).
+def remove_project_hooks(project: str) -> str | None:
+    """Take our hooks out of a project's .claude/settings.local.json (where earlier
+    versions put them: with the user's hooks too, every event would be logged twice).
+    Returns the path if it changed."""
+    path = os.path.join(project, ".claude", "settings.local.json")
+    try:
+        settings = _read_settings(path)
+    except Exception:
+        return None  # not ours to fix
+    hooks = settings.get("hooks")
+    if not isinstance(hooks, dict):
+        return None
+    changed = False
+    for event, entries in list(hooks.items()):
+        kept = [e for e in entries if not (isinstance(e, dict) and _is_ours(e))]
+        if len(kept) != len(entries):
+            changed = True
+            if kept:
+                hooks[event] = kept
+            else:
+                del hooks[event]
+    if not changed:
+        return None
+    if not hooks:
+        del settings["hooks"]
+    _write_settings(path, settings)
+    return path
 
-    `claude --resume ID` (run in the project directory) continues from there.
-    """
+
+def _claude_result(entry: dict[str, Any], call_id: str) -> bool:
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") == call_id
+        for b in content)
+
+
+def _codex_result(entry: dict[str, Any], call_id: str) -> bool:
+    payload = entry.get("payload")
+    return entry.get("type") == "response_item" and isinstance(payload, dict) \
+        and payload.get("type") in ("function_call_output", "custom_tool_call_output") \
+        and payload.get("call_id") == call_id
+
+
+def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """The agent transcript of a checkpoint's conversation (its lines, oldest first) cut
+    back to it: (the command that resumes it, the copy's path); None if there is none."""
+    for line in reversed(lines):
+        path = line.get("transcript_path")
+        agent = line.get("agent")
+        if agent in AGENTS and path and os.path.isfile(path):
+            call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
+            if agent == "codex":
+                session, copy = cut_codex_rollout(path, line["time"], call)
+                return f"codex resume {session}", copy
+            copy = cut_transcript(path, line["time"], call)
+            return f"claude --resume {copy}", copy
+    return None
+
+
+def _cut(path: str, until_iso: str, is_end: Any) -> list[str]:
+    """A JSONL transcript's lines (as written) through the first entry is_end accepts,
+    or, if none does, those stamped no later than until_iso."""
     import datetime
-    import uuid
     until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
-    new_id = str(uuid.uuid4())
-    out_path = os.path.join(os.path.dirname(transcript), new_id + ".jsonl")
-    kept = 0
-    with open(transcript) as src, open(out_path, "w") as dst:
+    entries: list[tuple[str, dict[str, Any]]] = []
+    with open(path) as src:
         for line in src:
             try:
                 entry = json.loads(line)
             except ValueError:
-                continue
-            stamp = entry.get("timestamp")
-            if stamp:
-                t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-                if t > until:
-                    break
-            if "sessionId" in entry:
-                entry["sessionId"] = new_id
-            dst.write(json.dumps(entry) + "\n")
-            kept += 1
+                continue  # a line cut short by a crash
+            if isinstance(entry, dict):
+                entries.append((line if line.endswith("\n") else line + "\n", entry))
+    ends = [i for i, (_, e) in enumerate(entries) if is_end(e)]
+    if ends:
+        return [line for line, _ in entries[:ends[0] + 1]]
+    kept = []
+    for line, entry in entries:
+        stamp = entry.get("timestamp")
+        if isinstance(stamp, str) and datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) > until:
+            break
+        kept.append(line)
+    return kept
+
+
+def _write_private(path: str, lines: list[str]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as the agents keep theirs
+    with os.fdopen(fd, "w") as dst:
+        dst.writelines(lines)
+
+
+def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = None) -> str:
+    """Copy a Claude Code transcript up to a point; returns the copy's path.
+
+    The point is a tool call's result when tool_use_id is given (the transcript names
+    calls by the ids the hooks log), else a time. The copy keeps the session id: Claude
+    keeps its file-history backups by session, and its own /rewind reaches the earlier
+    prompts only under that id (resumed, Claude appends the new turns to the session's
+    own transcript, as a branch from the cut). `claude --resume COPY` works from any
+    directory.
+    """
+    import uuid
+    kept = _cut(transcript, until_iso, lambda e: tool_use_id is not None and _claude_result(e, tool_use_id))
+    out_path = os.path.join(os.path.dirname(transcript), str(uuid.uuid4()) + ".jsonl")
+    _write_private(out_path, kept)
+    return out_path
+
+
+def cut_codex_rollout(rollout: str, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
+    """Copy a Codex rollout up to a call's output (else a time) as a session of its own;
+    returns (its id, its path). Codex finds a session by the id in its first line
+    (session_meta) and in the file's name; `codex resume ID` works from any directory."""
+    import uuid
+    kept = _cut(rollout, until_iso, lambda e: call_id is not None and _codex_result(e, call_id))
+    new_id = str(uuid.uuid4())
+    old_id = None
+    for i, line in enumerate(kept):
+        entry = json.loads(line)
+        payload = entry.get("payload")
+        if entry.get("type") == "session_meta" and isinstance(payload, dict) and payload.get("id"):
+            old_id = str(payload["id"])
+            kept[i] = line.replace(old_id, new_id)
+            break
+    if old_id is None:
+        raise ValueError(f"{rollout} has no session id")
+    name = os.path.basename(rollout)
+    name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
+    out_path = os.path.join(os.path.dirname(rollout), name)
+    _write_private(out_path, kept)
     return new_id, out_path

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from overlayckpt.errors import UserError
-from overlayckpt.core.journal import next_seq, now_ns
+from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
@@ -35,6 +35,9 @@ def parse_line(line: bytes) -> dict[str, Any]:
 
 
 def append(w: WriteTxn, obj: dict[str, Any]) -> int:
+    if starts_a_call(obj):  # what was written before the call is not the call's checkpoint
+        close_open_group(w)
+    hold_for_call(w, starts_a_call(obj))  # any other line: the call has ended
     key = w.next_counter(CONV_NEXT_KEY, 1)
     head = w.meta_int(CONV_HEAD_KEY, 0)
     entry = dict(obj)
@@ -44,6 +47,12 @@ def append(w: WriteTxn, obj: dict[str, Any]) -> int:
     w.put(CONV, u64(key), pack_obj(entry), append=True)
     w.set_meta_int(CONV_HEAD_KEY, key)
     return key
+
+
+def starts_a_call(obj: dict[str, Any]) -> bool:
+    """An agent's tool call, logged by its hook before it runs. (Lines written by hand
+    may come before or after their changes: they never split or hold a group.)"""
+    return obj.get("event") == "PreToolUse"
 
 
 def append_line(store: Store, line: bytes) -> None:
@@ -106,7 +115,7 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     so it is the summary of the checkpoint its turn ended in when no tool call is,
     never of whatever changes next.
     """
-    last_word = None
+    last_word = _last_word_after(r, head, seq)
     for key, entry in reversed(chain(r, head)):
         line_seq = entry["_seq"]
         if line_seq > seq:
@@ -128,6 +137,24 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
         if entry.get("role") == "assistant":
             return _first_line(entry.get("content"))[:120]
     return last_word
+
+
+def _last_word_after(r: ReadTxn, head: int, seq: int) -> str | None:
+    """A turn's final message logged after a checkpoint's last change (so past its
+    conversation head) but before the checkpoint closed: the lines that follow head on
+    its branch with _seq <= seq."""
+    word = None
+    tip = head
+    for k, v in r.range_from(CONV, u64(head + 1)):
+        entry = unpack_obj(v)
+        if entry["_seq"] > seq:  # type: ignore[index, operator]
+            break  # keys and seqs grow together: no later line is earlier
+        if entry["_prev"] != tip:  # type: ignore[index]
+            continue  # another branch
+        tip = from_u64(k)
+        if entry.get("event") == "Stop":  # type: ignore[union-attr]
+            word = _first_line(entry.get("content"))[:120] or None  # type: ignore[union-attr]
+    return word
 
 
 def _first_line(content: Any) -> str:

@@ -5,7 +5,8 @@ undo entries) in the same write transaction that changes the live tables, so
 a record and its change are committed together or not at all. Records are
 grouped into automatic checkpoints: a group ends when another process writes,
 or when its process has been idle for `window` seconds (0: every operation is
-its own checkpoint). A checkpoint records the journal position after its
+its own checkpoint), or when an agent's hook logs a tool call; while that call
+runs, neither of the first two ends it. A checkpoint records the journal position after its
 group, so restoring it gives the tree as it was after that group and before
 the next one.
 """
@@ -21,6 +22,9 @@ from overlayckpt.tables import (
     CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY,
 )
 
+
+
+CALL_KEY = b"tool_call"  # in META while an agent's tool call runs (see hold_for_call)
 
 
 @dataclass(slots=True)
@@ -45,50 +49,68 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     seq = next_seq(w)
     group = _open_group(w)
     if group is not None:
-        start, pid, last = group
-        if window <= 0 or pid != caller.pid or t - last > window * 1e9:
-            _close_group(w, seq, start, last, pid)
+        start, pid, last, head = group
+        held = w.get(META, CALL_KEY) is not None
+        if window <= 0 or not held and (pid != caller.pid or t - last > window * 1e9):
+            _close_group(w, seq, start, last, pid, head)
             group = None
     start = seq if group is None else group[0]
     rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
     history.record(w, start, seq, undo)
     w.set_meta_int(SEQ_KEY, seq + 1)
-    w.put(META, GROUP_KEY, pack_obj([start, caller.pid, t]))
+    # the conversation as it was at the group's latest change: what the agent said
+    # after it (the call's result, the next call) is not part of this checkpoint
+    head = w.meta_int(CONV_HEAD_KEY, 0)
+    w.put(META, GROUP_KEY, pack_obj([start, caller.pid, t, head]))
     if window <= 0:
-        _close_group(w, seq + 1, start, t, caller.pid)
+        _close_group(w, seq + 1, start, t, caller.pid, head)
     return seq
 
 
-def _open_group(r: ReadTxn) -> tuple[int, int, int] | None:
+def _open_group(r: ReadTxn) -> tuple[int, int, int, int | None] | None:
     raw = r.get(META, GROUP_KEY)
     if raw is None:
         return None
-    start, pid, last = unpack_obj(raw)  # type: ignore[misc]
-    return start, pid, last
+    start, pid, last, *head = unpack_obj(raw)  # type: ignore[misc]
+    return start, pid, last, head[0] if head else None  # stores before the head was kept
 
 
-def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int) -> Checkpoint:
+def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
+                 conv_head: int | None) -> Checkpoint:
     w.delete(META, GROUP_KEY)
     first = w.get(JOURNAL, u64(start))
     comm = JournalRecord.unpack(start, first).comm if first else ""
-    return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns)
+    return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
+                          conv_head=conv_head)
 
 
 def close_open_group(w: WriteTxn) -> None:
     """Turn the pending group (if any) into a checkpoint, e.g. before a restore."""
     group = _open_group(w)
     if group is not None:
-        start, pid, last = group
-        _close_group(w, next_seq(w), start, last, pid)
+        start, pid, last, head = group
+        _close_group(w, next_seq(w), start, last, pid, head)
+
+
+def hold_for_call(w: WriteTxn, running: bool) -> None:
+    """While an agent's tool call runs (its hook logged the call, not yet its result),
+    all that is written is that call's checkpoint: whatever processes it spawns (a
+    `sed && rm`, a `make -j2`) and however long it is quiet."""
+    if running:
+        w.put(META, CALL_KEY, b"1")
+    elif w.get(META, CALL_KEY) is not None:
+        w.delete(META, CALL_KEY)
 
 
 def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | None,
                    message: str | None, pid: int, comm: str, time_ns: int | None = None,
-                   restored_from: int | None = None) -> Checkpoint:
+                   restored_from: int | None = None, conv_head: int | None = None) -> Checkpoint:
     cid = w.next_counter(NEXT_CKPT_KEY, 1)
+    if conv_head is None:
+        conv_head = w.meta_int(CONV_HEAD_KEY, 0)
     ck = Checkpoint(cid, seq, start, time_ns or now_ns(), kind, name, message, pid, comm, restored_from,
-                    w.meta_int(CONV_HEAD_KEY, 0))
+                    conv_head)
     w.put(CKPTS, u64(cid), ck.pack(), append=True)
     if name:
         w.put(NAMES, name.encode(), u64(cid))

@@ -132,20 +132,23 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
-    """For Claude Code sessions: a transcript cut back to the checkpoint, to resume from."""
-    from overlayckpt.core.agents import cut_transcript
+    """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
+    and the command that resumes it."""
+    from overlayckpt.core.agents import resume_command
     from overlayckpt.core.conversation import live_lines
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
-    for line in reversed(lines):
-        path = line.get("transcript_path")
-        if line.get("agent") == "claude-code" and path and os.path.isfile(path):
-            try:
-                new_id, new_path = cut_transcript(path, line["time"])
-            except (OSError, ValueError):
-                return {}
-            return {"claude_resume": f"claude --resume {new_id}", "transcript": new_path}
-    return {}
+    try:
+        found = resume_command(lines)
+    except (OSError, ValueError):
+        return {}
+    if found is None:
+        return {}
+    command, path = found
+    out = {"resume": command, "transcript": path}
+    if command.startswith("claude "):
+        out["claude_resume"] = command  # the key cli/timeline.py prints
+    return out
 
 
 @command("conversation")

@@ -1,0 +1,187 @@
+"""A scripted stand-in for the model APIs on 127.0.0.1, for the real agent CLIs: the
+Anthropic Messages API (Claude Code) and the OpenAI Responses API (Codex), streamed
+as server-sent events as the agents ask.
+
+Every request that offers tools (the agent's own turn) gets the next step of the
+script: a tool call (name, input) or, at the end, a final text. Other requests
+(titles, summaries, token counts) get a short text, so the script is not consumed
+by them. Every request body is kept in `requests`, so a test can read the history
+an agent sent (for example after `claude --resume`).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def agent_cli(name: str) -> Path:
+    """An agent CLI pinned in the Makefile; installed by `make agents` if missing, the
+    test skipped only if that fails (no network)."""
+    path = ROOT / ".agents" / "node_modules" / ".bin" / name
+    if not path.exists():
+        proc = subprocess.run(["make", "-C", str(ROOT), "agents"], capture_output=True, text=True,
+                              timeout=600)
+        if proc.returncode != 0 or not path.exists():
+            last = (proc.stderr.strip() or proc.stdout.strip() or "?").splitlines()[-1]
+            pytest.skip(f"{name} could not be installed from npm (`make agents`): {last}")
+    return path
+
+# a tool call (name, JSON input; for a Responses custom tool such as Codex's apply_patch,
+# the input is its text), or the turn's final text
+Step = tuple[str, dict[str, Any] | str] | str
+
+
+class ScriptedModel:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.script: list[Step] = []
+        self.requests: list[dict[str, Any]] = []  # every body received, in order
+        self.turns: list[dict[str, Any]] = []  # the bodies that got a scripted step
+        self.calls = 0
+        server = _Server(("127.0.0.1", 0), _handler(self))
+        self.server = server
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        self.thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def play(self, script: list[Step]) -> None:
+        with self.lock:
+            self.script = list(script)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reply(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The content blocks to answer one request with."""
+        with self.lock:
+            self.requests.append(body)
+            if not body.get("tools") or not self.script:
+                return [{"type": "text", "text": "ok"}]
+            self.turns.append(body)
+            step = self.script.pop(0)
+        if isinstance(step, str):
+            return [{"type": "text", "text": step}]
+        name, tool_input = step
+        with self.lock:
+            self.calls += 1
+            call_id = f"toolu_e2e_{self.calls:02d}"
+        return [{"type": "tool_use", "id": call_id, "name": name, "input": tool_input}]
+
+
+def _responses_stream(model: str, blocks: list[dict[str, Any]]) -> bytes:
+    """The Responses API's events for one reply (what Codex reads of them)."""
+    items = []
+    for i, block in enumerate(blocks):
+        if block["type"] == "text":
+            items.append({"type": "message", "role": "assistant", "id": f"msg_e2e_{i}", "status": "completed",
+                          "content": [{"type": "output_text", "text": block["text"], "annotations": []}]})
+        elif isinstance(block["input"], str):
+            items.append({"type": "custom_tool_call", "id": f"ctc_{block['id']}", "status": "completed",
+                          "call_id": block["id"], "name": block["name"], "input": block["input"]})
+        else:
+            items.append({"type": "function_call", "id": f"fc_{block['id']}", "status": "completed",
+                          "call_id": block["id"], "name": block["name"],
+                          "arguments": json.dumps(block["input"])})
+    response = {"id": "resp_e2e", "object": "response", "model": model, "status": "in_progress", "output": []}
+    out = [_sse("response.created", {"type": "response.created", "response": response})]
+    for i, item in enumerate(items):
+        out.append(_sse("response.output_item.added", {"type": "response.output_item.added",
+                                                       "output_index": i, "item": item}))
+        out.append(_sse("response.output_item.done", {"type": "response.output_item.done",
+                                                      "output_index": i, "item": item}))
+    done = dict(response, status="completed", output=items, usage={
+        "input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15})
+    out.append(_sse("response.completed", {"type": "response.completed", "response": done}))
+    return b"".join(out)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # an agent that drops a kept-alive connection when it exits is no error
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _stream(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
+    usage = {"input_tokens": 10, "output_tokens": 1, "cache_creation_input_tokens": 0,
+             "cache_read_input_tokens": 0}
+    out = [_sse("message_start", {"type": "message_start", "message": {
+        "id": "msg_e2e", "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": usage}})]
+    for i, block in enumerate(blocks):
+        if block["type"] == "text":
+            start = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": block["text"]}
+        else:
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        out.append(_sse("content_block_start", {"type": "content_block_start", "index": i,
+                                                "content_block": start}))
+        out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
+        out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": i}))
+    out.append(_sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop,
+                                      "stop_sequence": None}, "usage": {"output_tokens": 5}}))
+    out.append(_sse("message_stop", {"type": "message_stop"}))
+    return b"".join(out)
+
+
+def _handler(owner: ScriptedModel) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # quiet: the test reads `requests`
+            pass
+
+        def _send(self, status: int, ctype: str, payload: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:
+            self._send(200, "application/json", b"{}")
+
+        do_HEAD = do_GET
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {}
+            if self.path.split("?")[0].endswith("/count_tokens"):
+                self._send(200, "application/json", b'{"input_tokens": 10}')
+                return
+            if self.path.split("?")[0].endswith("/responses"):
+                blocks = owner.reply(body)
+                self._send(200, "text/event-stream", _responses_stream(str(body.get("model", "")), blocks))
+                return
+            if not self.path.split("?")[0].endswith("/v1/messages"):
+                self._send(200, "application/json", b"{}")
+                return
+            blocks = owner.reply(body)
+            stop = "tool_use" if blocks[-1]["type"] == "tool_use" else "end_turn"
+            model = str(body.get("model", "claude-scripted"))
+            if body.get("stream"):
+                self._send(200, "text/event-stream", _stream(model, blocks, stop))
+            else:
+                message = {"id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
+                           "content": blocks, "stop_reason": stop, "stop_sequence": None,
+                           "usage": {"input_tokens": 10, "output_tokens": 5}}
+                self._send(200, "application/json", json.dumps(message).encode())
+    return Handler
