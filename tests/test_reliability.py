@@ -1339,8 +1339,11 @@ def test_restore_both_is_both_or_neither_when_killed(tmp_path: Path, rounds: int
 
 def waiting_on_daemon(tid: int) -> bool:
     """Thread tid of this process waits for the answer to a FUSE request."""
-    with open(f"/proc/self/task/{tid}/wchan") as f:
-        return f.read() == "request_wait_answer"
+    try:
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            return f.read() == "request_wait_answer"
+    except FileNotFoundError:  # the thread has ended
+        return False
 
 
 @contextlib.contextmanager
@@ -1388,11 +1391,15 @@ def test_requests_are_served_while_a_slow_command_runs(tmp_path: Path) -> None:
         checker.start()
         try:
             wait_for(lambda: tid and waiting_on_daemon(tid[0]), "fsck to start")
+            served = 0  # probes answered while fsck still ran (however loaded the machine)
             for i in range(20):
                 probe = m.mnt / f"probe{i}.txt"
                 probe.write_text(f"served {i}\n")  # lookup, create, write, release
                 assert os.stat(probe).st_size == len(f"served {i}\n")
-            assert waiting_on_daemon(tid[0]), "fsck ended first: give it more to check"
+                if not waiting_on_daemon(tid[0]):
+                    break
+                served += 1
+            assert served >= 3, f"fsck ended after {served} probes: give it more to check"
         finally:
             checker.join(timeout=DEADLINE)
         assert json.loads(os.pread(ctl, 1 << 20, 0))["clean"]

@@ -149,7 +149,9 @@ class Lower:
     def _pin(self, path: bytes) -> Pin | None:
         return self.pins(path) if self.pins is not None else None
 
-    def stat(self, path: bytes) -> os.stat_result:
+    def stat(self, path: bytes, siblings: bool = True) -> os.stat_result:
+        """lstat of a repo path; the first one in a directory lists (and stats) all of it,
+        unless siblings is False (a lookup that will not be followed by its neighbours)."""
         pin = self._pin(path)
         if pin is not None:
             return pin.st
@@ -162,7 +164,7 @@ class Lower:
         ppin = self._pin(parent)
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
-        if ppin is None and parent not in self._listings:
+        if siblings and ppin is None and parent not in self._listings:
             # the first name looked up in a directory: list it, which stats all its
             # entries in one pass. A tree walk (git status) looks up the siblings next,
             # and on a cold cache one pass reads the inodes in order, not one by one.

@@ -26,7 +26,7 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, Checkpoint, Node, from_u64, u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, Node, from_u64, u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, NAMES, NODES
@@ -340,11 +340,12 @@ class Timeline:
                             + ", ".join(sorted(others)[:10]))
         return selected, warnings
 
-    def _lookup_or_none(self, state: Any, parent: int | None, name: bytes) -> int | None:
+    def _lookup_or_none(self, state: Any, parent: int | None, name: bytes,
+                        siblings: bool = True) -> int | None:
         if parent is None:
             return None
         try:
-            return self.ov.lookup(state, parent, name)
+            return self.ov.lookup(state, parent, name, siblings)
         except FsError:
             return None
 
@@ -394,8 +395,56 @@ class Timeline:
             for ino in walk_up:
                 self.ov.ancestors(state, ino, seen)
             above |= seen
+        names = self._names(sa, sb, keys, (walk_up | above) - {ROOT_INO})
         out: list[FileChange] = []
-        self._diff_dir(sa, sb, ROOT_INO, ROOT_INO, "", dirty_inos, dirty_dirs | above, out, content)
+        self._diff_dir(sa, sb, ROOT_INO, ROOT_INO, "", dirty_inos, dirty_dirs | above, out, content,
+                       names)
+        return out
+
+    def _names(self, sa: Any, sb: Any, keys: set[tuple[bytes, bytes]], inos: set[int]
+               ) -> dict[int, set[bytes]] | None:
+        """Directory -> the names in it that can differ between sa and sb: the changed entries,
+        and the names of the changed inodes and of the directories above them. So a diff
+        visits what changed, not every entry of the directories it passes through. None
+        where a changed file has several names (hard links: no index finds them all)."""
+        out: dict[int, set[bytes]] = {}
+        for t, k in keys:
+            if t == DIRENTS:
+                out.setdefault(from_u64(k[:8]), set()).add(k[8:])
+        listings: dict[tuple[int, int], dict[int, list[bytes]]] = {}
+        for state in (sa, sb):
+            for ino in inos:
+                raw = state.get(NODES, u64(ino))
+                node = Node.unpack(raw) if raw else None
+                if node is not None and not node.is_dir and node.nlink > 1:
+                    return None
+                for parent, name in self._names_of(state, ino, node, listings):
+                    out.setdefault(parent, set()).add(name)
+        return out
+
+    def _names_of(self, state: Any, ino: int, node: Node | None,
+                  listings: dict[tuple[int, int], dict[int, list[bytes]]]) -> list[tuple[int, bytes]]:
+        """Where ino may be named in state: its lower path (until it moves, a repo entry keeps
+        it), and the overlay entries of the directory its record names as its parent."""
+        out: list[tuple[int, bytes]] = []
+        origin = node.origin if node is not None else self.ov.lower_paths.get(ino)
+        if ino < FIRST_UPPER_INO and origin:
+            parent_path, _, base = origin.rpartition(b"/")
+            try:
+                parent = ROOT_INO if not parent_path else self.ov.ino_of_lower(
+                    self.ov.lower.stat(parent_path, False), parent_path)
+                out.append((parent, base))
+            except FsError:
+                pass
+        hint = node.parent if node is not None else 0
+        if hint:
+            by_ino = listings.get((id(state), hint))
+            if by_ino is None:  # (once per directory and state: it may hold many)
+                by_ino = listings[(id(state), hint)] = {}
+                for key, value in state.prefix(DIRENTS, u64(hint)):
+                    if value != WHITEOUT:
+                        by_ino.setdefault(from_u64(value), []).append(key[8:])
+            out += [(hint, name) for name in by_ino.get(ino, ())]
         return out
 
     def _content(self, state: Any, ino: int, node: Node) -> tuple[int, bytes]:
@@ -407,9 +456,17 @@ class Timeline:
 
     def _diff_dir(self, sa: Any, sb: Any, ia: int | None, ib: int | None, prefix: str,
                   dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange],
-                  content: bool) -> None:
-        ea = {n: (c, cn) for n, c, cn in self.ov.entries(sa, ia)} if ia is not None else {}
-        eb = {n: (c, cn) for n, c, cn in self.ov.entries(sb, ib)} if ib is not None else {}
+                  content: bool, names: dict[int, set[bytes]] | None) -> None:
+        if names is not None and ia is not None and ia == ib:  # only the names that can differ
+            ea, eb = {}, {}
+            for name in names.get(ia, ()):
+                for state, entries in ((sa, ea), (sb, eb)):
+                    child = self._lookup_or_none(state, ia, name, siblings=False)
+                    if child is not None:
+                        entries[name] = (child, None)
+        else:  # a directory on one side only, or another one: every entry
+            ea = {n: (c, cn) for n, c, cn in self.ov.entries(sa, ia)} if ia is not None else {}
+            eb = {n: (c, cn) for n, c, cn in self.ov.entries(sb, ib)} if ib is not None else {}
         for name in sorted(set(ea) | set(eb)):
             path = prefix + os.fsdecode(name)
             a = ea.get(name)
@@ -424,7 +481,7 @@ class Timeline:
                 if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]
                     continue
                 self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]
-                               path + "/", dirty_inos, dirty_dirs, out, content)
+                               path + "/", dirty_inos, dirty_dirs, out, content, names)
             has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
             if not content:
                 if has_a or has_b:

@@ -96,8 +96,8 @@ class Tree:
 
     # -- names ----------------------------------------------------------------
 
-    def lookup(self, s: State, parent: int, name: bytes) -> int:
-        """The inode at parent/name, or FsError(ENOENT)."""
+    def lookup(self, s: State, parent: int, name: bytes, siblings: bool = True) -> int:
+        """The inode at parent/name, or FsError(ENOENT). siblings: see Lower.stat."""
         if parent == ROOT_INO and name == CONTROL_NAME:
             raise enoent()
         raw = s.get(DIRENTS, dirent_key(parent, name))
@@ -114,7 +114,7 @@ class Tree:
             raise enoent()
         path = join(pnode.origin or b"", name)
         try:
-            st = self.lower.stat(path)
+            st = self.lower.stat(path, siblings)
         except FsError as e:
             raise FsError(errno.ENOENT if e.errno in (errno.ENOENT, errno.ENOTDIR) else e.errno) from None
         ino = self.ino_of_lower(st, path)
@@ -258,7 +258,7 @@ class Tree:
             if not parent and origin:
                 parent_path = origin.rpartition(b"/")[0]
                 try:
-                    parent = self.ino_of_lower(self.lower.stat(parent_path), parent_path)
+                    parent = self.ino_of_lower(self.lower.stat(parent_path, False), parent_path)
                 except FsError:
                     parent = 0
                 lower_path = parent_path
