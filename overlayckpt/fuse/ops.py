@@ -75,11 +75,12 @@ class Handle:
 class Comms:
     """Thread id -> Caller, for the journal (a write request carries no pid).
 
-    FUSE names the calling *thread*; a Caller is its process: the thread group id
-    and the group leader's name, so that one tool call written from a thread pool
-    is one group. A thread gone by the time we look keeps its own id, named "?".
-    (Writes that C acknowledged reach Python after their writer may have exited:
-    those of a short-lived writer whose open C served are named "?".)
+    FUSE names the calling *thread*; a Caller is the command it belongs to (see
+    _command_of), named by the command's process, so that one tool call written from a
+    thread pool, or by a `make -j2` and its compilers, is one group. A thread gone by
+    the time we look keeps its own id, named "?". (Writes that C acknowledged reach
+    Python after their writer may have exited: those of a short-lived writer whose
+    open C served are named "?".)
     """
 
     def __init__(self, size: int = 4096) -> None:
@@ -93,6 +94,7 @@ class Comms:
             return found
         found = _process_of(tid)
         if found.comm != "?":  # a failed look is not kept: the number may come back alive
+            found = _command_of(found)
             self._cache[tid] = found
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
@@ -100,6 +102,7 @@ class Comms:
 
 
 def _process_of(tid: int) -> Caller:
+    """The thread's process: its thread group id, named by the group's leader."""
     try:
         with open(f"/proc/{tid}/status", "rb") as f:
             status = f.read(4096)
@@ -119,6 +122,48 @@ def _process_of(tid: int) -> Caller:
         except OSError:
             pass  # the leader exited before its thread: keep the thread's name
     return Caller(tgid, name.decode(errors="replace"))
+
+
+def _stat(pid: int) -> tuple[int, int, int, str] | None:
+    """(parent, process group, session, name) of a process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(1024)
+    except OSError:
+        return None
+    close = raw.rindex(b")")  # the name may hold spaces and parentheses
+    fields = raw[close + 2:].split()
+    return int(fields[1]), int(fields[2]), int(fields[3]), raw[raw.index(b"(") + 1:close].decode(errors="replace")
+
+
+def _command_of(process: Caller) -> Caller:
+    """The command a process is part of, without hooks: its process group is a shell
+    job, whose leader is what a shell started (an agent run at a prompt, say) and whose
+    leader's children are the commands it runs; so a process belongs to its ancestor
+    right below the leader (a `make -j2` is one command with its compilers, and the
+    agent's own writes are the agent's). The leader's writes are its own; a group that
+    is its session's (started with setsid, as Node's `detached` does) is one command.
+    An agent that is not its job's leader (behind a wrapper that forks) shares its
+    commands' key: groups then end only when another command writes or at the window.
+    """
+    me = _stat(process.pid)
+    if me is None:
+        return process
+    parent, group, session, _ = me
+    if process.pid == group:
+        return process
+    if group == session:
+        leader = _stat(group)
+        return Caller(group, leader[3]) if leader else process
+    key = process
+    for _ in range(64):  # (a chain this deep is not a shell's; stop somewhere)
+        if parent == group:
+            return key
+        above = _stat(parent)
+        if above is None or above[1] != group:  # the leader exited, or we left its job
+            return key
+        key, parent = Caller(parent, above[3]), above[0]
+    return key
 
 
 class Operations(pyfuse3.Operations):
