@@ -66,6 +66,16 @@ def test_a_three_thread_atomic_save_is_one_checkpoint(mounted: Mount) -> None:
     assert not (mounted.mnt / "README.md.tmp.4711").exists()
 
 
+def test_two_processes_of_a_harness_older_than_the_mount_are_two_checkpoints(mounted: Mount) -> None:
+    before = last_id(mounted)  # (pytest, no job of its own, runs them as its children)
+    for name in ("one.txt", "two.txt"):
+        subprocess.run([sys.executable, "-c", ATOMIC_SAVE, str(mounted.mnt / name)],
+                       check=True, timeout=60)
+    new = checkpoints_after(mounted, before)
+    assert [[f["path"] for f in c["files"]] for c in new] == [["one.txt"], ["two.txt"]]
+    assert new[0]["process"]["pid"] != new[1]["process"]["pid"]
+
+
 # An agent as a shell starts it: the leader of its own process group (a job). It saves a
 # file itself, then runs each command as agents do (bash -c, attached to its group or,
 # with "detached", in a session of its own as Node's `detached` spawns), back to back.
@@ -83,8 +93,10 @@ for cmd in commands:
 
 
 def run_agent(m: Mount, mode: str, *commands: str) -> None:
-    subprocess.run([sys.executable, "-c", AGENT, str(m.mnt), mode, *commands],
-                   check=True, timeout=300, process_group=0)
+    """The agent run at a prompt: a job (`set -m`) of a shell that leads its session."""
+    subprocess.run(["bash", "-c", 'set -m; "$@"; exit $?', "shell",
+                    sys.executable, "-c", AGENT, str(m.mnt), mode, *commands],
+                   check=True, timeout=300, start_new_session=True)
 
 
 def test_two_commands_of_an_agent_are_two_checkpoints(mounted: Mount) -> None:
