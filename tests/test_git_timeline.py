@@ -1,6 +1,7 @@
 """The real git in a mount: the log names what git did, not the files it keeps in .git."""
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -50,3 +51,5 @@ def test_log_shows_a_page_and_says_how_to_see_more(mounted: Mount) -> None:
     assert len([line for line in page if line[:4].strip().isdigit()]) == 2
     everything = mounted.cli("log", "--limit", "0").stdout
     assert "older ones" not in everything and "session start" in everything
+    for_scripts = json.loads(mounted.cli("--json", "log").stdout)  # all of it, unless --limit
+    assert len(for_scripts["checkpoints"]) == 5 and for_scripts["more"] is False

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 
+PAGE = 20  # log entries shown without --limit
+
+
 def _target(args: argparse.Namespace) -> Any:
     from overlayckpt.cli.target import Target
     return Target(args)
@@ -36,7 +39,8 @@ def _local_time(iso: str) -> str:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "log", "limit": args.limit, "file": args.file, "all": args.all})
+    limit = args.limit if args.limit is not None else 0 if args.json else PAGE  # (scripts read all)
+    result = _target(args).call({"cmd": "log", "limit": limit, "file": args.file, "all": args.all})
 
     def text(r: dict[str, Any]) -> str:
         lines = []
@@ -184,7 +188,7 @@ def add_parsers(sub: Any) -> None:
 
     lg = sub.add_parser("log", help="the timeline, newest first")
     lg.add_argument("--file", help="only checkpoints that changed this path")
-    lg.add_argument("--limit", type=int, default=20, help="at most N entries (default 20; 0: all)")
+    lg.add_argument("--limit", type=int, help=f"at most N entries (0: all; default {PAGE}, all with --json)")
     lg.add_argument("--all", action="store_true",
                     help="also checkpoints without net changes, and git's internals (.git/...)")
 
