@@ -53,3 +53,15 @@ def test_log_shows_a_page_and_says_how_to_see_more(mounted: Mount) -> None:
     assert "older ones" not in everything and "session start" in everything
     for_scripts = json.loads(mounted.cli("--json", "log").stdout)  # all of it, unless --limit
     assert len(for_scripts["checkpoints"]) == 5 and for_scripts["more"] is False
+
+
+def test_a_restores_entry_says_what_it_added_modified_and_deleted(mounted: Mount) -> None:
+    start = mounted.cli("checkpoint", "start").stdout.strip()
+    (mounted.mnt / "new.txt").write_text("made after start\n")
+    (mounted.mnt / "README.md").write_text("changed\n")
+    (mounted.mnt / "run.sh").unlink()
+    mounted.cli("restore", start, "--code")
+    entry = mounted.ctl_ok({"cmd": "log", "limit": 1})["checkpoints"][0]
+    assert entry["kind"] == "restore"
+    changes = {f["path"]: f["change"] for f in entry["files"]}
+    assert changes == {"new.txt": "D", "README.md": "M", "hardlink.md": "M", "run.sh": "A"}, changes
