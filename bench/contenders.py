@@ -140,6 +140,7 @@ class Contender:
         self.notes: list[str] = []
         self.ckpts: list[str] = []  # checkpoint ids, oldest first
         self._fuse_minor: int | None = None
+        self.also_abort: list[int] = []  # FUSE connections a workload mounted beside ours
 
     # lifecycle
     def setup(self) -> None:
@@ -161,8 +162,8 @@ class Contender:
 
     def abort(self) -> None:
         """Called by the watchdog: make hung requests fail (FUSE connection abort)."""
-        if self._fuse_minor is not None:
-            p = Path(f"/sys/fs/fuse/connections/{self._fuse_minor}/abort")
+        for minor in ([self._fuse_minor] if self._fuse_minor is not None else []) + self.also_abort:
+            p = Path(f"/sys/fs/fuse/connections/{minor}/abort")
             try:
                 p.write_text("1")
             except OSError as e:
@@ -384,6 +385,19 @@ class ShadowGit(Contender):
         return tree_bytes(self.git_dir)
 
 
+def run_cli(exe: str, *args: str, timeout: float = 600) -> str:
+    """Run the overlayckpt CLI; its stdout, or ContenderError with what it said."""
+    try:
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise ContenderError(f"overlayckpt {args[0]} timed out after {timeout:.0f} s") from e
+    if r.returncode != 0:
+        raise ContenderError(f"overlayckpt {' '.join(args)} exited {r.returncode}: "
+                             f"{(r.stderr or r.stdout).strip()[-800:]}")
+    return r.stdout
+
+
 class Overlayckpt(Contender):
     """overlayckpt: mounted and unmounted through its CLI.
 
@@ -414,15 +428,7 @@ class Overlayckpt(Contender):
             self.notes.append(f"control client not importable ({type(e).__name__}); checkpoints via CLI")
 
     def _cli(self, *args: str, timeout: float = 600) -> str:
-        try:
-            r = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as e:
-            raise ContenderError(f"overlayckpt {args[0]} timed out after {timeout:.0f} s") from e
-        if r.returncode != 0:
-            raise ContenderError(f"overlayckpt {args[0]} exited {r.returncode}: "
-                                 f"{(r.stderr or r.stdout).strip()[-800:]}")
-        return r.stdout
+        return run_cli(self.exe, *args, timeout=timeout)
 
     def _ctl(self, cmd: dict) -> dict:
         try:

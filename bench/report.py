@@ -159,6 +159,80 @@ def spec_checks(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+# --- issue 16: stall and long session ------------------------------------------------------
+
+STALL_PROBES = [("stat", "`os.stat` (the kernel may answer)"),
+                ("stat_sync", "`statx(AT_STATX_FORCE_SYNC)` (GETATTR to the daemon)"),
+                ("read_cached", "4 KiB `pread`, page-cached"),
+                ("read_uncached", "4 KiB `pread`, dropped from the page cache first")]
+STALL_TARGET = 2.0  # busy p99 / idle p99
+# (metric, what, target p50 in ns or None)
+LONG_OPS = [
+    ("ls_log20", "`log --limit 20`", 100e6), ("ls_checkpoint", "`checkpoint`", 50e6),
+    ("ls_view_ls@start", "view: list a dir at a checkpoint near the start", None),
+    ("ls_view_ls@middle", "view: list a dir, middle", None), ("ls_view_ls@end", "view: list a dir, end", None),
+    ("ls_view_read@start", "view: read a file, start", None), ("ls_view_read@middle", "view: read a file, middle", None),
+    ("ls_view_read@end", "view: read a file, end", None),
+    ("ls_diff_stat@start", "`diff A A+10 --stat`, start", None),
+    ("ls_diff_stat@middle", "`diff A A+10 --stat`, middle", None), ("ls_diff_stat@end", "`diff A A+10 --stat`, end", None),
+    ("ls_restore@first", "`restore` to the first checkpoint (0)", 250e6),
+    ("ls_restore@middle", "`restore` to the middle", 250e6), ("ls_restore@last", "`restore` to the last", 250e6),
+    ("ls_restore_back@first", "`restore @before-last` (back from the first)", None),
+    ("ls_restore_back@middle", "`restore @before-last` (back from the middle)", None),
+    ("ls_restore_back@last", "`restore @before-last` (back from the last)", None),
+]
+
+
+def _stall_lines(size: dict, c: str) -> list[str]:
+    m = size["metrics"]
+    facts = size.get("stall", {}).get(c, {})
+    lines = [f"### Stall: probes of the mount, idle vs. `log` + `diff --stat` looping ({c})", "",
+             f"- the session holds a {facts.get('blob_bytes', 0) / 1e6:.0f} MB mostly-NUL binary change and a "
+             f"{facts.get('lock_lines', 0):,}-line lockfile change; {facts.get('busy_loops', 0)} log+diff loops ran "
+             "in the busy phases", "",
+             "| probe | n idle / busy | idle p50 | idle p99 | busy p50 | busy p99 | busy max | busy/idle p99 | ≤ 2× |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for kind, what in STALL_PROBES:
+        i, b = m.get(f"stall_idle_{kind}", {}).get(c), m.get(f"stall_busy_{kind}", {}).get(c)
+        if not i or not b:
+            continue
+        r = b["p99_ns"] / i["p99_ns"] if i["p99_ns"] else None
+        ok = "n/a" if r is None else ("PASS" if r <= STALL_TARGET else "FAIL")
+        lines.append(f"| {what} | {i['n']} / {b['n']} | {fmt_ns(i['p50_ns'])} | {fmt_ns(i['p99_ns'])} | "
+                     f"{fmt_ns(b['p50_ns'])} | {fmt_ns(b['p99_ns'])} | {fmt_ns(b['max_ns'])} | {fmt_ratio(r)} | {ok} |")
+    for metric, what in (("stall_cmd_log", "`log --limit 5`"), ("stall_cmd_diff_stat", "`diff A B --stat`")):
+        st = m.get(metric, {}).get(c)
+        if st:
+            lines.append(f"| the command: {what} (CLI) | {st['n']} | | | {fmt_ns(st['p50_ns'])} | "
+                         f"{fmt_ns(st['p99_ns'])} | {fmt_ns(st['max_ns'])} | | |")
+    errors = facts.get("errors") or []
+    lines += [""] + [f"- command error: {e}" for e in errors[:5]] + ([""] if errors else [])
+    return lines
+
+
+def _long_session_lines(size: dict, c: str) -> list[str]:
+    m = size["metrics"]
+    f = size.get("long_session", {}).get(c, {})
+    n = f.get("created_files", 0)
+    ops = LONG_OPS + [(f"ls_create_{n}", f"one python loop creates {n:,} files (context)", None),
+                      (f"ls_restore_across_{n}_created", f"`restore` across {n:,} created files", 250e6),
+                      (f"ls_restore_back_{n}_created", f"`restore @before-last` (brings the {n:,} back)", None)]
+    lines = [f"### Long session ({c}): {f.get('records', 0):,} journal records, {f.get('checkpoints', 0):,} "
+             f"checkpoints, {f.get('repo_files', 0):,} repo files", "",
+             f"- built in-process in {f.get('build_s', 0):.0f} s (cached after), store {fmt_bytes(f.get('store_bytes', 0))}; "
+             "every command timed from the CLI, process start-up included", "",
+             "| operation | n | p50 | p90 | target (issue 16) | |", "|---|---:|---:|---:|---:|---|"]
+    for metric, what, target in ops:
+        st = m.get(metric, {}).get(c)
+        if not st:
+            continue
+        verdict = "" if target is None else ("PASS" if st["p50_ns"] <= target else "FAIL")
+        tgt = "" if target is None else f"≤ {fmt_ns(target)}"
+        lines.append(f"| {what} | {st['n']} | {fmt_ns(st['p50_ns'])} | {fmt_ns(st['p90_ns'])} | {tgt} | {verdict} |")
+    lines.append("")
+    return lines
+
+
 # --- markdown -----------------------------------------------------------------------------
 
 
@@ -226,6 +300,10 @@ def markdown(results: dict) -> str:
                         f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p50'))} | {fmt_ratio(st.get('ratio_fuse_overlayfs_p99'))} | "
                         f"{fmt_ratio(st.get('ratio_shadow_git_p50'))} |")
             lines.append("")
+        for c in sorted(size.get("stall", {}), key=contender_key):
+            lines += _stall_lines(size, c)
+        for c in sorted(size.get("long_session", {}), key=contender_key):
+            lines += _long_session_lines(size, c)
         growth = size.get("store_growth", {})
         if growth:
             lines += ["### Store growth per edit (edit + checkpoint)", "",

@@ -185,7 +185,7 @@ def split(total: int, rounds: int) -> list[int]:
 def run_workload(w: Workload, live: list[Contender], dead: set[str], ctx: Ctx, size_res: dict,
                  progress: Progress, watchdog: Watchdog, batch_timeout: float) -> None:
     todo = [c for c in live if w.applies(c) and c.name not in dead]
-    if not todo:
+    if not todo or not w.wanted(ctx):
         return
     t_start = time.monotonic()
     os.sync()  # write back what earlier workloads left dirty, so it does not land in this one
@@ -286,7 +286,8 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
             finally:
                 watchdog.disarm()
         ctx = Ctx(repo=repo, quick=args.quick, history_lengths=tuple(args.history), can_drop_caches=can_drop,
-                  tick=progress.tick)
+                  tick=progress.tick, largest=n_files == max(args.sizes), log=progress.note,
+                  long_session=tuple(args.long_session), created_files=args.created_files)
         for w in workloads:
             run_workload(w, live, dead, ctx, size_res, progress, watchdog, args.batch_timeout)
         for c in live:
@@ -320,6 +321,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(names), help=f"subset of {','.join(names)}")
     p.add_argument("--history", default=None,
                    help="short,long history lengths for hist_small/hist_large (default 10,10000; quick 10,1000)")
+    p.add_argument("--long-session", default=None,
+                   help="journal records,checkpoints of the long_session workload "
+                        "(default 1000000,100000; quick 20000,2000); it and stall run at the largest size only")
+    p.add_argument("--created-files", type=int, default=None,
+                   help="files created before long_session's restore across them (default 20000; quick 5000)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--batch-timeout", type=float, default=3600.0,
                    help="seconds before the watchdog aborts a hung FUSE contender")
@@ -332,11 +338,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.workloads = [s for s in args.workloads.split(",") if s]
     hist = args.history or ("10,1000" if args.quick else "10,10000")
     args.history = [int(x) for x in hist.split(",")]
+    args.long_session = [int(x) for x in (args.long_session or ("20000,2000" if args.quick else "1000000,100000")).split(",")]
+    if args.created_files is None:
+        args.created_files = 5000 if args.quick else 20000
     unknown = [c for c in args.contenders if c not in ALL and c not in EXTRA] + [w for w in args.workloads if w not in names]
     if unknown:
         p.error(f"unknown contender/workload: {', '.join(unknown)}")
     if len(args.history) != 2:
         p.error("--history wants two numbers: short,long")
+    if len(args.long_session) != 2 or min(args.long_session) < 2 or args.long_session[0] < args.long_session[1]:
+        p.error("--long-session wants two numbers: records,checkpoints (records >= checkpoints >= 2)")
     return args
 
 

@@ -96,6 +96,10 @@ class Ctx:
     history_lengths: tuple[int, int]
     can_drop_caches: bool
     tick: Callable[[int], None]
+    largest: bool = True  # the run's largest repo size (the long workloads run there only)
+    long_session: tuple[int, int] = (20_000, 2_000)  # journal records, checkpoints
+    created_files: int = 5_000  # long_session: files one loop creates before a restore across them
+    log: Callable[[str], None] = print
     pool: TargetPool = field(init=False)
     ckpt_targets: list[str] = field(init=False)
     text: list[bytes] = field(init=False)
@@ -154,6 +158,10 @@ class Workload:
 
     def applies(self, c: Contender) -> bool:
         return c.supports_checkpoint if self.only_checkpoint else c.applies_to_fs_workloads
+
+    def wanted(self, ctx: Ctx) -> bool:
+        """Whether to run at this repo size at all."""
+        return True
 
     def plan(self, ctx: Ctx) -> tuple[int, int]:
         i = self.iterations[0] if ctx.quick else self.iterations[1]
@@ -591,6 +599,7 @@ class HistoryLength(Workload):
 
 def all_workloads() -> list[Workload]:
     """Every workload, in the order they run (history ones last: they add checkpoints)."""
+    from bench.session_workloads import LongSession, Stall  # they build on this module
     return [
         EditFirst(),
         EditRepeat(),
@@ -609,5 +618,7 @@ def all_workloads() -> list[Workload]:
         Checkpoint(),
         Restore(),
         HistoryLength(1),
+        Stall(),
+        LongSession(),
     ]
 

@@ -20,10 +20,9 @@ CONV = b"conv"          # conversation line key -> entry
 SEEN = b"seen"          # repo file -> what the session first saw of it
 # the history index (core/history.py): derived from the journal, rebuilt when missing
 VERSIONS = b"versions"  # versioned key + seq -> the key's value before that group changed it
-CHANGED = b"changed"    # seq + versioned key -> b"": each key's latest changing group
-LATEST = b"latest"      # versioned key -> seq of that group
+CHANGED = b"changed"    # seq + versioned key -> b"": each key's newest version
 
-HISTORY_TABLES = (VERSIONS, CHANGED, LATEST)
+HISTORY_TABLES = (VERSIONS, CHANGED)
 TABLES = (META, BLOCKS, NODES, DIRENTS, BMAP, XATTRS, JOURNAL, CKPTS, NAMES, PINNED, CONV, SEEN,
           *HISTORY_TABLES)
 

@@ -81,15 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     ih.add_argument("agent", choices=["claude-code"])
     ih.add_argument("--project", default=".", help="project directory (default: current)")
 
+    sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "
+                               "(stdio): timeline, diff, checkpoint, restore")
+
     from overlayckpt.cli import timeline as cli_timeline
     cli_timeline.add_parsers(sub)
     return p
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from overlayckpt.cli.mcp import cmd_mcp as run  # (imports the mcp package only here)
+    return run(args)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mount": cmd_mount, "unmount": cmd_unmount, "run": cmd_run, "status": cmd_status,
     "recover": cmd_recover,
-    "hook": cmd_hook, "install-hooks": cmd_install_hooks,
+    "hook": cmd_hook, "install-hooks": cmd_install_hooks, "mcp": cmd_mcp,
 }
 
 

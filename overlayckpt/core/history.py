@@ -11,8 +11,9 @@ keys that changed since, never the journal records in between:
   checkpoints) is kept: checkpoints sit at group boundaries only, so a later
   change in the same group is never any checkpoint's value.
 - CHANGED: seq + vkey -> b"", one entry per key: the record of its newest
-  version, so the keys changed at or after a position are one range.
-- LATEST: vkey -> that seq, to move the key's CHANGED entry.
+  version, so the keys changed at or after a position are one range. (The
+  newest version is the last of the key's VERSIONS entries: that is how its
+  CHANGED entry is found to move it.)
 
 vkey is the table code, the key and a NUL: names hold no NUL and the other
 keys have a fixed length, so one key's versions are contiguous and sorted by
@@ -24,10 +25,11 @@ format 1, imported, recovered) has it rebuilt from the journal at open.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from overlayckpt.records import TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CHANGED, CKPTS, HISTORY_KEY, JOURNAL, LATEST, META, VERSIONS
+from overlayckpt.tables import CHANGED, CKPTS, HISTORY_KEY, JOURNAL, META, VERSIONS
 
 Key = tuple[int, bytes]  # (table code, key)
 Undo = Iterable[tuple[int, bytes, "bytes | None"]]
@@ -56,41 +58,45 @@ def _untag(raw: bytes) -> bytes | None:
 def record(w: WriteTxn, group_start: int, seq: int, undo: Undo) -> None:
     """Index the changes of journal record seq, in the group that began at group_start."""
     txn, dbs = w.txn, w.store.dbs  # (the LMDB calls themselves: this runs for every key written)
-    versions, changed, latest = dbs[VERSIONS], dbs[CHANGED], dbs[LATEST]
+    versions, changed = dbs[VERSIONS], dbs[CHANGED]
+    cur = txn.cursor(db=versions)
     at, start = u64(seq), u64(group_start)
     for code, key, old in undo:
         vk = bytes((code,)) + key + b"\0"
-        last = txn.get(vk, db=latest)
+        last = _newest(cur, vk)
         if last is not None:
             if last >= start:  # (big-endian: bytes order is number order)
                 continue  # already versioned in this group
             txn.delete(last + vk, db=changed)
         txn.put(vk + at, _ABSENT if old is None else _PRESENT + old, db=versions)
         txn.put(at + vk, b"", db=changed)
-        txn.put(vk, at, db=latest)
 
 
-def _put_version(w: WriteTxn, vk: bytes, seq: int, old: bytes | None) -> None:
-    at = u64(seq)
-    w.put(VERSIONS, vk + at, _tag(old))
-    w.put(CHANGED, at + vk, b"")
-    w.put(LATEST, vk, at)
+def _newest(cur: Any, vk: bytes) -> bytes | None:
+    """The seq (8 bytes) of the newest version of vk, through a cursor on VERSIONS."""
+    if cur.set_range(vk + _AFTER_ALL):
+        if not cur.prev():
+            return None
+    elif not cur.last():
+        return None
+    k = cur.key()
+    return k[-8:] if k.startswith(vk) else None
 
 
 def merge(w: WriteTxn, lo: int, hi: int, into: int, first: dict[Key, bytes | None]) -> None:
     """Records lo <= seq < hi became one record `into` whose undo is `first` (thinning)."""
+    cur = w.txn.cursor(db=w.store.dbs[VERSIONS])
     for (code, key), old in first.items():
         vk = vkey(code, key)
+        last = _newest(cur, vk)
         for k, _ in list(w.range_from(VERSIONS, vk + u64(lo))):
             if not k.startswith(vk) or from_u64(k[-8:]) >= hi:
                 break
             w.delete(VERSIONS, k)
-        last = w.get(LATEST, vk)
-        if last is not None and lo <= from_u64(last) < hi:
+        w.put(VERSIONS, vk + u64(into), _tag(old))
+        if last is not None and lo <= from_u64(last) < hi:  # the newest version moved
             w.delete(CHANGED, last + vk)
-            _put_version(w, vk, into, old)
-        else:
-            w.put(VERSIONS, vk + u64(into), _tag(old))
+            w.put(CHANGED, u64(into) + vk, b"")
 
 
 def is_built(r: ReadTxn) -> bool:
@@ -101,7 +107,7 @@ def ensure(w: WriteTxn) -> bool:
     """Rebuild the index from the journal if it is missing. Returns whether it was."""
     if is_built(w):
         return False
-    for table in (VERSIONS, CHANGED, LATEST):
+    for table in (VERSIONS, CHANGED):
         w.txn.drop(w.store.dbs[table], delete=False)
     for seq, start, undo in _groups(w):
         record(w, start, seq, undo)
@@ -123,14 +129,14 @@ def _groups(r: ReadTxn) -> Iterator[tuple[int, int, tuple[tuple[int, bytes, byte
 
 def expected(r: ReadTxn) -> dict[bytes, dict[bytes, bytes]]:
     """The index the journal implies, table by table (fsck compares it with the stored one)."""
-    out: dict[bytes, dict[bytes, bytes]] = {VERSIONS: {}, CHANGED: {}, LATEST: {}}
-    latest = out[LATEST]
+    out: dict[bytes, dict[bytes, bytes]] = {VERSIONS: {}, CHANGED: {}}
+    latest: dict[bytes, bytes] = {}
     for seq, start, undo in _groups(r):
         for code, key, old in undo:
             vk = vkey(code, key)
             last = latest.get(vk)
             if last is not None:
-                if from_u64(last) >= start:
+                if last >= u64(start):
                     continue
                 del out[CHANGED][last + vk]
             at = u64(seq)

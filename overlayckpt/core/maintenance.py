@@ -4,7 +4,9 @@ Blocks are referenced from three places: the live block map, the undo entries
 of the journal (previous content that history needs), and pinned lower
 entries. gc deletes only blocks that none of them names, in one write
 transaction, so a crash leaves either the old or the new set, never a
-dangling reference.
+dangling reference. Its scan (gc_plan) and thinning's merges (thin_plan,
+merge_records) read a snapshot in any thread; what they write (gc_apply,
+apply_merge) is short and runs on the writer's thread (thin_off_loop).
 """
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import trio
+
 from overlayckpt.core import history
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
@@ -107,6 +109,16 @@ class FileChange:
     new: tuple[int, bytes] | None
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A restore worked out in a snapshot (Timeline._prepare)."""
+    target: Checkpoint
+    seq: int  # the journal position of the snapshot
+    delta: Delta  # the keys to write, with their values then
+    files: list[FileChange]
+    warnings: list[str]
+
+
 class Timeline:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -178,51 +190,81 @@ class Timeline:
 
     async def restore(self, ref: Any, caller: Caller, paths: list[str] | None = None,
                       what: str = "both") -> dict[str, Any]:
-        """Put code, conversation or both back to a checkpoint, in one transaction."""
+        """Put code, conversation or both back to a checkpoint, in one transaction.
+
+        The values to put back and the files they make are found first, in a worker
+        thread and a snapshot, while the mount serves requests; the transaction then
+        adds what was written since that snapshot, and writes."""
         code = what in ("code", "both")
         if code:
             await self.ctx.flush_kernel()
+        prep = await trio.to_thread.run_sync(
+            self.store.read, lambda r: self._prepare(r, self.get(r, ref), paths, code))
         changed: list[tuple[bytes, bytes]] = []
-        warnings: list[str] = []
-
-        def fn(w: WriteTxn) -> Checkpoint:
-            changed.clear()
-            warnings.clear()
-            close_open_group(w)
-            target = self.get(w, ref)
-            self._mark_before_restore(w, caller)
-            if what in ("conversation", "both"):
-                move_head(w, target.conv_head)
-            delta = delta_since(w, target.seq) if code else {}
-            if paths is not None:
-                delta, warn = self._select(w, target, delta, paths)
-                warnings.extend(warn)
-            undo: list[tuple[int, bytes, bytes | None]] = []
-            writes = []
-            one_sided: set[int] = set()
-            for (table, key), value in delta.items():
-                current = w.get(table, key)
-                if current != value:
-                    undo.append((TABLE_CODES[table], key, current))
-                    writes.append((table, key, value))
-                    if table == NODES and (current is None or value is None):
-                        one_sided.add(from_u64(key))
-            files = self._file_changes(w, AtCheckpoint(w, target.seq), {(t, k) for t, k, _ in writes},
-                                       one_sided, content=False)
-            if paths is not None:
-                files = [f for f in files if _under(f.path, paths)]
-            for table, key, value in writes:
-                if value is None:
-                    w.delete(table, key)
-                else:
-                    w.put(table, key, value)
-                changed.append((table, key))
-            return append_closed(w, caller, "restore", tuple(f.path for f in files),
-                                 tuple(f.change for f in files), undo, "restore", target.id)
-        ck = self.store.write(fn)
+        ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
-                "changed_keys": len(changed), "warnings": warnings}
+                "changed_keys": len(changed), "warnings": prep.warnings}
+
+    def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
+                       paths: list[str] | None, what: str,
+                       changed: list[tuple[bytes, bytes]]) -> Checkpoint:
+        """The restore's transaction: prep plus what was written since its snapshot."""
+        code = what in ("code", "both")
+        changed.clear()
+        close_open_group(w)
+        target = self.get(w, prep.target.id)  # (unknown now if thinning dropped it)
+        self._mark_before_restore(w, caller)
+        if what in ("conversation", "both"):
+            move_head(w, target.conv_head)
+        delta, files = dict(prep.delta), list(prep.files)
+        late = records(w, prep.seq, next_seq(w)) if code else []
+        if late and paths is not None:  # (rare: redo the selection here, whole)
+            again = self._prepare(w, target, paths, code)
+            delta, files = again.delta, again.files
+        elif late:
+            then = AtCheckpoint(w, target.seq)
+            known = {f.path for f in files}
+            for rec in late:
+                for table, key, _ in rec.undo:
+                    delta[(TABLE_NAMES[table], key)] = then.get(TABLE_NAMES[table], key)
+                files += [FileChange(p, "M", None, None) for p in rec.paths if p not in known]
+                known.update(rec.paths)
+        undo: list[tuple[int, bytes, bytes | None]] = []
+        for (table, key), value in delta.items():
+            current = w.get(table, key)
+            if current == value:
+                continue
+            undo.append((TABLE_CODES[table], key, current))
+            if value is None:
+                w.delete(table, key)
+            else:
+                w.put(table, key, value)
+            changed.append((table, key))
+        return append_closed(w, caller, "restore", tuple(f.path for f in files),
+                             tuple(f.change for f in files), undo, "restore", target.id)
+
+    def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
+                 code: bool) -> "Prepared":
+        """What a restore to target writes (the keys whose value then differs from now)
+        and the files that makes it add, modify and delete."""
+        delta = delta_since(r, target.seq) if code else {}
+        warnings: list[str] = []
+        if paths is not None:
+            delta, warnings = self._select(r, target, delta, paths)
+        writes: Delta = {}
+        one_sided: set[int] = set()
+        for (table, key), value in delta.items():
+            current = r.get(table, key)
+            if current != value:
+                writes[(table, key)] = value
+                if table == NODES and (current is None or value is None):
+                    one_sided.add(from_u64(key))
+        files = self._file_changes(r, AtCheckpoint(r, target.seq), set(writes), one_sided,
+                                   content=False)
+        if paths is not None:
+            files = [f for f in files if _under(f.path, paths)]
+        return Prepared(target, next_seq(r), writes, files, warnings)
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
@@ -280,12 +322,16 @@ class Timeline:
                 selected[(table, key)] = value
         chosen = {p.strip("/") for p in paths}
         others: set[str] = set()
+        spans = []  # the open group (not a checkpoint yet), then the newest groups
         for n, ck in enumerate(self.newest_first(r)):
+            if n == 0:
+                spans.append((ck.seq, next_seq(r)))
             if ck.seq <= target.seq or n >= WARN_GROUPS:
                 break
-            if ck.kind == "restore":
-                continue
-            group = {p for rec in records(r, ck.start_seq, ck.seq) for p in rec.paths}
+            if ck.kind != "restore":
+                spans.append((ck.start_seq, ck.seq))
+        for lo, hi in spans:
+            group = {p for rec in records(r, lo, hi) for p in rec.paths}
             if group & chosen:
                 others |= group - chosen
         warnings = []

@@ -81,21 +81,24 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
-        cks = tl.all(r)
         files_at = Files(s.overlay, r)
-        for i in range(len(cks) - 1, -1, -1):
-            entry = checkpoint_entry(r, cks[i], files_at)
-            if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
+        newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
+        ck = next(newest, None)
+        while ck is not None:
+            before = next(newest, None)
+            entry = checkpoint_entry(r, ck, files_at)
+            if (file is not None and not any(f["path"] == file.strip("/") for f in entry["files"])
+                    or entry["empty"] and not everything):
+                ck = before
                 continue
             if not everything:
-                if entry["empty"]:
-                    continue
                 entry["files"] = [f for f in entry["files"] if not is_internal(f["path"])]
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
-            if len(out) < counted and i > 0 and entry["files"]:
-                _exact_changes(s, tl, r, cks[i - 1], cks[i], entry, everything)
+            if len(out) < counted and before is not None and entry["files"]:
+                _exact_changes(s, tl, r, before, ck, entry, everything)
             out.append(entry)
+            ck = before
         return {"checkpoints": out, "more": False}
     return await _off_loop(s, fn)
 

@@ -238,3 +238,21 @@ async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session)
     session.store.write(lambda w: gc_apply(w, plan))
     assert ov.live(lambda r: ov.read_all(r, new)) == data
     assert fsck(session.store)["clean"]
+
+
+async def test_a_restore_takes_in_what_was_written_after_it_was_prepared(session: Session) -> None:
+    """A restore works out what to write in a snapshot, off the loop; what the mount wrote
+    after that snapshot and before the restore's transaction is put back too."""
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    start = tree_of(ov)
+    ov.write(ME, ino(ov, "README.md"), 0, b"before the snapshot")
+    target = session.store.read(lambda r: tl.get(r, "start"))
+    prep = session.store.read(lambda r: tl._prepare(r, target, None, True))
+    ov.write(OTHER, ino(ov, "run.sh"), 0, b"after the snapshot")  # meanwhile
+    new, _ = ov.create(OTHER, ROOT_INO, b"late.txt", REG, 0, 0)
+    ck = session.store.write(lambda w: tl._write_restore(w, prep, ME, None, "code", []))
+    assert tree_of(ov) == start
+    rec = session.store.read(lambda r: next(history_records(r, ck.id, tl)))
+    assert {"README.md", "run.sh", "late.txt"} <= set(rec.paths)
