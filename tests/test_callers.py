@@ -1,8 +1,12 @@
 """Automatic checkpoints group by process (thread group), not by the thread FUSE names."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import Mount
 
@@ -62,11 +66,72 @@ def test_a_three_thread_atomic_save_is_one_checkpoint(mounted: Mount) -> None:
     assert not (mounted.mnt / "README.md.tmp.4711").exists()
 
 
-def test_two_processes_are_still_two_checkpoints(mounted: Mount) -> None:
-    before = last_id(mounted)
+def test_two_processes_of_a_harness_older_than_the_mount_are_two_checkpoints(mounted: Mount) -> None:
+    before = last_id(mounted)  # (pytest, no job of its own, runs them as its children)
     for name in ("one.txt", "two.txt"):
         subprocess.run([sys.executable, "-c", ATOMIC_SAVE, str(mounted.mnt / name)],
                        check=True, timeout=60)
     new = checkpoints_after(mounted, before)
     assert [[f["path"] for f in c["files"]] for c in new] == [["one.txt"], ["two.txt"]]
     assert new[0]["process"]["pid"] != new[1]["process"]["pid"]
+
+
+# An agent as a shell starts it: the leader of its own process group (a job). It saves a
+# file itself, then runs each command as agents do (bash -c, attached to its group or,
+# with "detached", in a session of its own as Node's `detached` spawns), back to back.
+AGENT = r"""
+import subprocess, sys
+mnt, detached, commands = sys.argv[1], sys.argv[2] == "detached", sys.argv[3:]
+for cmd in commands:
+    if cmd.startswith("save "):
+        with open(f"{mnt}/{cmd[5:]}", "a") as f:
+            f.write("/* saved by the agent */\n")
+    else:
+        subprocess.run(["bash", "-c", cmd], cwd=mnt, check=True, start_new_session=detached,
+                       stdout=subprocess.DEVNULL)
+"""
+
+
+def run_agent(m: Mount, mode: str, *commands: str) -> None:
+    """The agent run at a prompt: a job (`set -m`) of a shell that leads its session."""
+    subprocess.run(["bash", "-c", 'set -m; "$@"; exit $?', "shell",
+                    sys.executable, "-c", AGENT, str(m.mnt), mode, *commands],
+                   check=True, timeout=300, start_new_session=True)
+
+
+def test_two_commands_of_an_agent_are_two_checkpoints(mounted: Mount) -> None:
+    before = last_id(mounted)
+    run_agent(mounted, "attached", *(f"{sys.executable} -c '{ATOMIC_SAVE}' {name}"
+                                     for name in ("one.txt", "two.txt")))
+    new = checkpoints_after(mounted, before)
+    assert [[f["path"] for f in c["files"]] for c in new] == [["one.txt"], ["two.txt"]]
+    assert new[0]["process"]["pid"] != new[1]["process"]["pid"]
+
+
+C_PROJECT = {f"f{i}.c": f"int f{i}(void) {{ return {i}; }}\n" for i in range(1, 7)} | {
+    "main.c": "int main(void) { return 0; }\n",
+    "Makefile": "OBJS = main.o f1.o f2.o f3.o f4.o f5.o f6.o\nprog: $(OBJS)\n\tcc -o prog $(OBJS)\n"
+                "%.o: %.c\n\tcc -c -o $@ $<\n",
+} | {f"t{i}.txt": f"aaa {i}\n" for i in range(10)}
+
+
+@pytest.mark.parametrize("mode", ["attached", "detached"])
+def test_a_make_and_a_shell_loop_are_one_checkpoint_each(tmp_path: Path, mount_factory,
+                                                          mode: str) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, text in C_PROJECT.items():
+        (repo / name).write_text(text)
+    # a window no pause reaches: groups end only where another command writes
+    m = mount_factory(repo, "--window", "600")
+    run_agent(m, mode, "save main.c", "make -s -j2", "for f in t*.txt; do sed -i s/a/b/ $f; done",
+              "save f1.c")
+    new = checkpoints_after(m, 0)
+    agent = os.path.basename(sys.executable)[:15]  # (a process name is at most 15 bytes)
+    assert [(c["process"]["comm"], c["summary"]) for c in new] == [
+        (agent, "modified main.c"),
+        ("make", "added f1.o, f2.o, f3.o and 5 more"),  # (bash runs its one command as itself)
+        ("bash", "modified t0.txt, t1.txt, t2.txt and 7 more"),
+        (agent, "modified f1.c"),
+    ]
+    assert (m.mnt / "prog").exists() and (m.mnt / "t9.txt").read_text() == "baa 9\n"

@@ -150,7 +150,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int = 1)
 
 def show_matches_tree(m: Mount, cid: int) -> None:
     """`show ID` works, and restoring ID gives exactly the tree `show` lists."""
-    shown = json.loads(m.cli("--json", "show", str(cid)).stdout)
+    shown = json.loads(m.cli("--json", "show", "--all", str(cid)).stdout)  # (.git too)
     reply = m.ctl({"cmd": "restore", "id": cid, "what": "code"})
     assert reply.get("ok"), f"restore {cid}: {reply}"
     tree = tree_digest(str(m.mnt))

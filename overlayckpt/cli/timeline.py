@@ -10,6 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 
+PAGE = 20  # log entries shown without --limit
+
+
 def _target(args: argparse.Namespace) -> Any:
     from overlayckpt.cli.target import Target
     return Target(args)
@@ -36,7 +39,8 @@ def _local_time(iso: str) -> str:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "log", "limit": args.limit, "file": args.file})
+    limit = args.limit if args.limit is not None else 0 if args.json else PAGE  # (scripts read all)
+    result = _target(args).call({"cmd": "log", "limit": limit, "file": args.file, "all": args.all})
 
     def text(r: dict[str, Any]) -> str:
         lines = []
@@ -49,6 +53,8 @@ def cmd_log(args: argparse.Namespace) -> int:
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
                          f"{c['summary']}" + (f"\n       {files}{delta}" if files else ""))
+        if r.get("more"):
+            lines.append(f"(the newest {len(r['checkpoints'])}; older ones: --limit N, or --limit 0 for all)")
         return "\n".join(lines)
     return _emit(args, result, text)
 
@@ -58,7 +64,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if len(refs) > 2:
         from overlayckpt.errors import UserError
         raise UserError("diff takes at most two checkpoints: diff [A [B]] [-- PATH ...]")
-    cmd: dict[str, Any] = {"cmd": "diff", "stat": args.stat, "paths": paths or None}
+    cmd: dict[str, Any] = {"cmd": "diff", "stat": args.stat, "paths": paths or None, "all": args.all}
     if refs:
         cmd["a"] = _ref(refs[0])
     if len(refs) > 1:
@@ -78,7 +84,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "show", "id": _ref(args.id), "path": args.path})
+    result = _target(args).call({"cmd": "show", "id": _ref(args.id), "path": args.path, "all": args.all})
     if args.json:
         return _emit(args, result, lambda r: "")
     if "content_b64" in result:
@@ -182,15 +188,19 @@ def add_parsers(sub: Any) -> None:
 
     lg = sub.add_parser("log", help="the timeline, newest first")
     lg.add_argument("--file", help="only checkpoints that changed this path")
-    lg.add_argument("--limit", type=int, default=0, help="at most N entries (0: all)")
+    lg.add_argument("--limit", type=int, help=f"at most N entries (0: all; default {PAGE}, all with --json)")
+    lg.add_argument("--all", action="store_true",
+                    help="also checkpoints without net changes, and git's internals (.git/...)")
 
     d = sub.add_parser("diff", help="unified diff between checkpoints (B defaults to live, A to 0)")
     d.add_argument("refs", nargs="*", metavar="A [B]", help="then optionally: -- PATH ...")
     d.add_argument("--stat", action="store_true")
+    d.add_argument("--all", action="store_true", help="also git's internals (.git/...)")
 
     s = sub.add_parser("show", help="a checkpoint's files, or one file's content at it")
     s.add_argument("id")
     s.add_argument("path", nargs="?")
+    s.add_argument("--all", action="store_true", help="also git's internals (.git/...)")
 
     r = sub.add_parser("restore", help="rewind code, conversation or both to a checkpoint")
     r.add_argument("id", help="then optionally: -- PATH ... (only these files, code only)")

@@ -1,5 +1,6 @@
 """What a checkpoint shows in the log and in an exported commit: its net file changes
-and a one-line summary (from the conversation, the message, or the files)."""
+and a one-line summary (from the conversation, the message, git's own record of what
+it did, or the files)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,19 @@ from typing import Any
 
 from overlayckpt.core.conversation import summary_before
 from overlayckpt.core.journal import records
+from overlayckpt.core.tree import Tree
+from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, iso_time
 from overlayckpt.store.lmdbstore import ReadTxn
+
+NO_CHANGES = "no net changes"
+REFLOG = ".git/logs/HEAD"
+TAIL = 64 * 1024  # of a file git appends to: the newest lines are what a checkpoint added
+
+
+def is_internal(path: str) -> bool:
+    """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
+    return ".git" in path.split("/")
 
 
 def collapse(recs: list[Any]) -> list[dict[str, str]]:
@@ -34,20 +46,115 @@ def collapse(recs: list[Any]) -> list[dict[str, str]]:
     return [{"path": p, "change": c} for p, c in sorted(net.items()) if c != "gone"]
 
 
-def checkpoint_entry(r: ReadTxn, ck: Checkpoint) -> dict[str, Any]:
+class Files:
+    """Reads a file as it was at a journal position (for git's reflog and messages)."""
+
+    def __init__(self, tree: Tree, r: ReadTxn) -> None:
+        self.tree, self.r = tree, r
+
+    def read(self, seq: int, path: str, offset: int = 0, limit: int = TAIL) -> tuple[int, bytes] | None:
+        """(size, up to limit bytes from offset) of path at seq; None if not a file there."""
+        from overlayckpt.core.timeline import AtCheckpoint  # (timeline builds on this module's peers)
+        state = AtCheckpoint(self.r, seq)
+        try:
+            ino = self.tree.resolve(state, path)
+            node = self.tree.node(state, ino)
+            if not node.is_reg:
+                return None
+            return node.size, self.tree.read(state, ino, node, offset, limit)
+        except FsError:
+            return None
+
+
+def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) -> dict[str, Any]:
+    """files_at: to name git operations from git's own records (without it: from paths)."""
     recs = records(r, ck.start_seq, ck.seq)
-    files = collapse(recs) if ck.kind != "restore" else [
-        {"path": p, "change": "M"} for p in (recs[0].paths if recs else ())]
+    files = collapse(recs)
     summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
     if ck.kind == "restore":
         summary = f"restored checkpoint {ck.restored_from}"
+    empty = not files and not summary and not ck.message and ck.id != 0
     if not summary:
-        summary = ck.message or describe(files) or ("session start" if ck.id == 0 else "no net changes")
+        summary = (ck.message or git_summary(ck, files, files_at) or describe(files)
+                   or ("session start" if ck.id == 0 else NO_CHANGES))
     return {
         "id": ck.id, "seq": ck.seq, "time": iso_time(ck.time_ns), "kind": ck.kind, "name": ck.name,
-        "message": ck.message, "summary": summary, "files": files,
+        "message": ck.message, "summary": summary, "files": files, "empty": empty and ck.kind == "auto",
         "process": {"pid": ck.pid, "comm": ck.comm}, "restored_from": ck.restored_from,
     }
+
+
+def git_summary(ck: Checkpoint, files: list[dict[str, str]], files_at: Files | None) -> str | None:
+    """What git did, when a checkpoint changed .git: `git commit "subject"`, `git checkout
+    main`..., then what it did to the work tree. (The journal has no command lines: the
+    reflog git appends to names each move of HEAD; the paths name the rest.)"""
+    internal = {f["path"]: f["change"] for f in files if is_internal(f["path"])}
+    if not internal:
+        return None
+    work = [f for f in files if not is_internal(f["path"])]
+    moves = _reflog_lines(ck, files_at) if REFLOG in internal and files_at else []
+    what = _from_reflog(moves, internal, bool(work)) if moves else _from_paths(ck, internal, files_at)
+    return what + (f"; {describe(work)}" if work else "")
+
+
+def _reflog_lines(ck: Checkpoint, files_at: Files) -> list[str]:
+    before = files_at.read(ck.start_seq, REFLOG, limit=0)
+    start = before[0] if before else 0
+    after = files_at.read(ck.seq, REFLOG, start)
+    if after is None:
+        return []
+    lines = after[1].decode(errors="replace").splitlines()
+    return [line.partition("\t")[2] for line in lines if "\t" in line]
+
+
+def _new_branches(internal: dict[str, str]) -> list[str]:
+    # git creates a branch's reflog with it (its ref file arrives by a rename: "R")
+    prefix = ".git/logs/refs/heads/"
+    return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == "A"]
+
+
+def _from_reflog(moves: list[str], internal: dict[str, str], work_changed: bool) -> str:
+    first, last = moves[0], moves[-1]
+    verb = first.split(":")[0].split(" ")[0]  # "commit (amend): x" -> commit
+    if verb == "commit":
+        subjects = [m.partition(": ")[2] for m in moves if m.startswith("commit")]
+        amend = " --amend" if last.startswith("commit (amend)") else ""
+        more = f" (and {len(subjects) - 1} more)" if len(subjects) > 1 else ""
+        return f'git commit{amend} "{subjects[-1]}"{more}'
+    if verb == "checkout" and " to " in last:
+        to = last.rpartition(" to ")[2]
+        return f"git checkout{' -b' if to in _new_branches(internal) else ''} {to}"
+    if verb == "reset":
+        target = last.partition("moving to ")[2] or "HEAD"
+        return f"git reset{' --hard' if work_changed else ''} {target}"
+    if verb == "merge":
+        return f"git merge {first.split(':')[0].split(' ', 1)[-1]}"
+    return f"git {verb}"
+
+
+def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None) -> str:
+    if ".git/COMMIT_EDITMSG" in internal:  # a commit git logged no move for
+        msg = files_at.read(ck.seq, ".git/COMMIT_EDITMSG", limit=200) if files_at else None
+        subject = msg[1].decode(errors="replace").strip().split("\n")[0] if msg else ""
+        return f'git commit "{subject}"' if subject else "git commit"
+    if internal.get(".git/HEAD") == "A":
+        return "git init"
+    branches = _new_branches(internal)
+    if branches:
+        return f"git branch {' '.join(branches)}"
+    heads = [p for p in internal if p.startswith((".git/refs/", ".git/logs/refs/"))]
+    if any("refs/stash" in p for p in heads):
+        return "git stash"
+    tags = sorted({p.rpartition("/")[2] for p in heads if "/refs/tags/" in f"/{p}"})
+    if tags:
+        return f"git tag {' '.join(tags)}"
+    if ".git/FETCH_HEAD" in internal:
+        return "git fetch"
+    if any(p.startswith(".git/objects/") for p in internal) and ".git/index" in internal:
+        return "git add"
+    if set(internal) == {".git/index"}:
+        return "git: index updated"
+    return f"git: {describe([{'path': p, 'change': c} for p, c in internal.items()])}"
 
 
 def describe(files: list[dict[str, str]]) -> str:

@@ -75,16 +75,19 @@ class Handle:
 class Comms:
     """Thread id -> Caller, for the journal (a write request carries no pid).
 
-    FUSE names the calling *thread*; a Caller is its process: the thread group id
-    and the group leader's name, so that one tool call written from a thread pool
-    is one group. A thread gone by the time we look keeps its own id, named "?".
-    (Writes that C acknowledged reach Python after their writer may have exited:
-    those of a short-lived writer whose open C served are named "?".)
+    FUSE names the calling *thread*; a Caller is the command it belongs to (see
+    _command_of), named by the command's process, so that one tool call written from a
+    thread pool, or by a `make -j2` and its compilers, is one group. A thread gone by
+    the time we look keeps its own id, named "?". (Writes that C acknowledged reach
+    Python after their writer may have exited: those of a short-lived writer whose
+    open C served are named "?".)
     """
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
         self._cache: OrderedDict[int, Caller] = OrderedDict()
+        me = _stat(os.getpid())
+        self._mounted = me.started if me else 0
 
     def caller(self, tid: int) -> Caller:
         found = self._cache.get(tid)
@@ -93,6 +96,7 @@ class Comms:
             return found
         found = _process_of(tid)
         if found.comm != "?":  # a failed look is not kept: the number may come back alive
+            found = _command_of(found, self._mounted)
             self._cache[tid] = found
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
@@ -100,6 +104,7 @@ class Comms:
 
 
 def _process_of(tid: int) -> Caller:
+    """The thread's process: its thread group id, named by the group's leader."""
     try:
         with open(f"/proc/{tid}/status", "rb") as f:
             status = f.read(4096)
@@ -119,6 +124,61 @@ def _process_of(tid: int) -> Caller:
         except OSError:
             pass  # the leader exited before its thread: keep the thread's name
     return Caller(tgid, name.decode(errors="replace"))
+
+
+@dataclass(slots=True)
+class _Proc:
+    parent: int
+    group: int
+    session: int
+    started: int  # clock ticks after boot
+    name: str
+
+
+def _stat(pid: int) -> _Proc | None:
+    """A process's parent, process group, session, start and name (/proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(1024)
+    except OSError:
+        return None
+    close = raw.rindex(b")")  # the name may hold spaces and parentheses
+    fields = raw[close + 2:].split()  # from field 3 (state) on
+    return _Proc(int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]),
+                 raw[raw.index(b"(") + 1:close].decode(errors="replace"))
+
+
+def _command_of(process: Caller, mounted: int) -> Caller:
+    """The command a process is part of, without hooks (mounted: when the daemon started).
+
+    A command is a process tree started after the mount, within one process group
+    (a shell's job). Its root is found walking up from the writer, within its group,
+    stopping before the group's leader and before any process older than the mount:
+    a leader that a shell started (an agent run at a prompt: its parent leads the
+    session) runs its commands as children, so each child is a command of its own
+    and the leader's own writes are its own; a harness older than the mount (a test
+    runner) is no command either. A group that a program started for a command
+    (setsid, as Node's `detached` does, or setpgid) is one command, leader and all.
+    Not told apart: an agent that leads its own session (run directly by tmux, say)
+    is taken for a command, and one behind a wrapper that forks (npx, `overlayckpt
+    run`) for its commands' root: its writes and its commands' then share a key, and
+    their groups end only at the window (hooks mark the steps exactly).
+    """
+    me = _stat(process.pid)
+    if me is None or me.started < mounted:
+        return process
+    if process.pid == me.group:
+        return process
+    leader = _stat(me.group)
+    if leader is not None and leader.started >= mounted and leader.parent != leader.session:
+        return Caller(me.group, leader.name)  # not a shell's job: a command's group
+    key, parent = process, me.parent
+    for _ in range(64):  # (a chain this deep is not a shell's; stop somewhere)
+        above = _stat(parent)
+        if parent == me.group or above is None or above.group != me.group or above.started < mounted:
+            return key
+        key, parent = Caller(parent, above.name), above.parent
+    return key
 
 
 class Operations(pyfuse3.Operations):

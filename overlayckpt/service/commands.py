@@ -15,7 +15,7 @@ import trio
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
-from overlayckpt.core.summaries import checkpoint_entry
+from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command
@@ -68,49 +68,58 @@ LINE_COUNT_FILES = 400  # files whose lines one log counts, at most (the rest sh
 
 @command("log")
 async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Newest first. Without "all": git's internals are left out of each entry's files and
+    checkpoints without net changes are left out; "more" says whether "limit" cut the list."""
     tl = Timeline(s.ctx)
     tl.seal()
     limit = cmd.get("limit", 0)
     if not isinstance(limit, int) or limit < 0:
         raise UserError('"limit" must be a non-negative integer')
     file = _opt_str(cmd, "file")
+    everything = bool(cmd.get("all"))
     # lines added/removed cost a diff each: only for the newest entries
     counted = cmd.get("lines", 20)
     if not isinstance(counted, int) or counted < 0:
         raise UserError('"lines" must be a non-negative integer')
 
-    def fn(r: ReadTxn) -> list[dict[str, Any]]:
+    def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
         budget = LINE_COUNT_FILES  # a checkpoint of 20,000 new files is not diffed for a log
+        files_at = Files(s.overlay, r)
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
             before = next(newest, None)
-            entry = checkpoint_entry(r, ck)
-            if file is not None and not any(f["path"] == file.strip("/") for f in entry["files"]):
+            entry = checkpoint_entry(r, ck, files_at)
+            if (file is not None and not any(f["path"] == file.strip("/") for f in entry["files"])
+                    or entry["empty"] and not everything):
                 ck = before
                 continue
-            if (len(out) < counted and before is not None and entry["files"]
-                    and ck.kind != "restore" and len(entry["files"]) <= budget):
-                budget -= len(entry["files"])
-                entry["added"], entry["removed"] = _line_counts(s, tl, r, before, ck,
-                                                                [f["path"] for f in entry["files"]])
-            out.append(entry)
+            if not everything:
+                entry["files"] = [f for f in entry["files"] if not is_internal(f["path"])]
             if limit and len(out) >= limit:
-                break
+                return {"checkpoints": out, "more": True}
+            if (len(out) < counted and before is not None and entry["files"]
+                    and len(entry["files"]) <= budget):
+                budget -= len(entry["files"])
+                _exact_changes(s, tl, r, before, ck, entry, everything)
+            out.append(entry)
             ck = before
-        return out
-    return {"checkpoints": await _off_loop(s, fn)}
+        return {"checkpoints": out, "more": False}
+    return await _off_loop(s, fn)
 
 
-def _line_counts(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
-                 paths: list[str]) -> tuple[int, int]:
-    """Lines added and removed by one checkpoint (cached: a checkpoint never changes)."""
-    key = (prev.id, ck.id)
+def _exact_changes(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
+                   entry: dict[str, Any], everything: bool) -> None:
+    """Lines added and removed, and each file's A/M/D from the trees themselves (the
+    journal's "R" of a rename over a new name is an A), cached: a checkpoint never changes."""
+    key = (prev.id, ck.id, everything)  # (with or without git's internals)
     if key not in s.line_counts:
-        counts = stat_lines(tl.changes(r, prev, ck, paths))
-        s.line_counts[key] = (sum(c[2] or 0 for c in counts), sum(c[3] or 0 for c in counts))
-    return s.line_counts[key]
+        counts = stat_lines(tl.changes(r, prev, ck, [f["path"] for f in entry["files"]]))
+        s.line_counts[key] = (sum(c[2] or 0 for c in counts), sum(c[3] or 0 for c in counts),
+                              {c[0]: c[1] for c in counts})
+    entry["added"], entry["removed"], exact = s.line_counts[key]
+    entry["files"] = [{**f, "change": exact.get(f["path"], f["change"])} for f in entry["files"]]
 
 
 @command("restore", durable=True)
@@ -180,6 +189,8 @@ async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     def fn(r: ReadTxn) -> dict[str, Any]:
         a, b = _two(s, r, tl, cmd)
         changes = tl.changes(r, a, b, paths)
+        if not cmd.get("all") and not paths:  # git's internals only when asked for
+            changes = [c for c in changes if not is_internal(c.path)]
         result: dict[str, Any] = {"a": a.id, "b": b.id if b else "live",
                                   "files": [{"path": p, "change": c, "added": ad, "removed": rm}
                                             for p, c, ad, rm in stat_lines(changes)]}
@@ -213,7 +224,8 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             return {"id": ck.id, "path": path, "type": "symlink" if node.is_link else "file",
                     "mode": node.mode, "content_b64": base64.b64encode(data).decode()}
         files = [{"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
-                  "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)]
+                  "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)
+                 if cmd.get("all") or not is_internal(p)]
         return {"id": ck.id, "files": files}
     return await _off_loop(s, fn)
 

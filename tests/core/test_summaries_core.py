@@ -1,0 +1,143 @@
+"""What the log shows: git's work named as git commands, git's internals and no-op
+checkpoints left out unless asked for, pages. In process, over a real store; the same
+with the real git in a mount is tests/test_git_timeline.py."""
+from __future__ import annotations
+
+import stat
+
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.overlay import Overlay
+from overlayckpt.core.summaries import collapse, describe, is_internal
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import FsError
+from overlayckpt.records import ROOT_INO
+from overlayckpt.service.session import Session
+
+from .helpers_core import ME, OTHER, content, ino
+
+GIT = Caller(5151, "git")
+REG = stat.S_IFREG | 0o644
+DIR = stat.S_IFDIR | 0o755
+OLD, NEW = "1" * 40, "2" * 40
+
+
+def put(ov: Overlay, who: Caller, path: str, data: bytes, append: bool = False) -> None:
+    """Write path (creating its directories), or append to it."""
+    parent = ROOT_INO
+    parts = path.split("/")
+    for part in parts[:-1]:
+        try:
+            parent = ov.live(lambda r: ov.lookup(r, parent, part.encode()))
+        except FsError:
+            parent = ov.create(who, parent, part.encode(), DIR, 0, 0)[0]
+    try:
+        target = ino(ov, path)
+    except FsError:
+        target = ov.create(who, parent, parts[-1].encode(), REG, 0, 0)[0]
+    off = len(content(ov, path)) if append else 0
+    ov.write(who, target, off, data)
+
+
+def reflog(message: str) -> bytes:
+    return f"{OLD} {NEW} t <t@t> 1796131919 +0000\t{message}\n".encode()
+
+
+async def log(s: Session, **cmd: object) -> dict:
+    return await s.command({"cmd": "log", **cmd})
+
+
+def test_internal_paths_are_those_in_a_git_directory() -> None:
+    assert is_internal(".git/HEAD") and is_internal("vendor/lib/.git/index") and is_internal(".git")
+    assert not is_internal(".gitignore") and not is_internal("src/git/x.py")
+
+
+def test_collapse_and_describe_net_changes() -> None:
+    class Rec:
+        def __init__(self, paths: tuple[str, ...], changes: tuple[str, ...]) -> None:
+            self.paths, self.changes = paths, changes
+    recs = [Rec(("t.tmp",), ("A",)), Rec(("a.py", "t.tmp"), ("R", "<")), Rec(("b.py",), ("D",))]
+    assert collapse(recs) == [{"path": "a.py", "change": "R"}, {"path": "b.py", "change": "D"}]
+    assert describe(collapse(recs)) == "renamed a.py; deleted b.py"
+
+
+async def test_a_git_commit_reads_as_the_command_with_its_subject(session: Session) -> None:
+    ov = session.overlay
+    put(ov, ME, ".git/logs/HEAD", reflog("commit (initial): init"))
+    put(ov, ME, "README.md", b"edited\n")
+    await log(session)  # seals: the agent's edit is a checkpoint of its own
+    put(ov, GIT, ".git/objects/ab/cdef0123", b"\x78\x01blob")
+    put(ov, GIT, ".git/index", b"DIRC new")
+    put(ov, GIT, ".git/COMMIT_EDITMSG", b"hash passwords\n")
+    put(ov, GIT, ".git/logs/HEAD", reflog("commit: hash passwords"), append=True)
+    reply = await log(session)
+    newest = reply["checkpoints"][0]
+    assert newest["summary"] == 'git commit "hash passwords"'
+    assert newest["files"] == [] and newest["process"]["comm"] == "git"
+    everything = (await log(session, all=True))["checkpoints"][0]
+    assert {f["path"] for f in everything["files"]} >= {".git/index", ".git/COMMIT_EDITMSG"}
+
+
+async def test_checkout_and_reset_name_the_branch_and_the_work_tree_change(session: Session) -> None:
+    ov = session.overlay
+    put(ov, ME, ".git/logs/HEAD", reflog("commit (initial): init"))
+    await log(session)
+    put(ov, GIT, ".git/HEAD", b"ref: refs/heads/feat\n")
+    put(ov, GIT, ".git/logs/refs/heads/feat", reflog("branch: Created from HEAD"))
+    put(ov, GIT, ".git/logs/HEAD", reflog("checkout: moving from main to feat"), append=True)
+    assert (await log(session))["checkpoints"][0]["summary"] == "git checkout -b feat"
+    put(ov, OTHER, "README.md", b"a change to throw away\n")
+    put(ov, GIT, "README.md", b"# demo\n\nhello\n")
+    put(ov, GIT, ".git/ORIG_HEAD", NEW.encode())
+    put(ov, GIT, ".git/logs/HEAD", reflog("reset: moving to HEAD"), append=True)
+    newest = (await log(session))["checkpoints"][0]
+    assert newest["summary"] == "git reset --hard HEAD; modified README.md"
+    assert newest["files"] == [{"path": "README.md", "change": "M"}]
+
+
+async def test_without_a_reflog_move_the_paths_name_the_operation(session: Session) -> None:
+    ov = session.overlay
+    put(ov, GIT, ".git/objects/ab/cdef0123", b"\x78\x01blob")
+    put(ov, GIT, ".git/index", b"DIRC new")
+    assert (await log(session))["checkpoints"][0]["summary"] == "git add"
+    put(ov, GIT, ".git/index", b"DIRC refreshed")
+    assert (await log(session))["checkpoints"][0]["summary"] == "git: index updated"
+
+
+async def test_no_op_checkpoints_are_hidden_unless_all(session: Session) -> None:
+    ov = session.overlay
+    put(ov, ME, "scratch.tmp", b"x")
+    ov.remove(ME, ROOT_INO, b"scratch.tmp", False)
+    await log(session)
+    put(ov, OTHER, "README.md", b"real\n")
+    shown = (await log(session))["checkpoints"]
+    assert [c["summary"] for c in shown] == ["modified README.md", "session start"]
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [c["summary"] for c in everything] == ["modified README.md", "no net changes", "session start"]
+
+
+async def test_a_limited_log_says_there_is_more(session: Session) -> None:
+    ov = session.overlay
+    for i in range(5):
+        put(ov, Caller(6000 + i, "sed"), f"f{i}.txt", b"x")
+    page = await log(session, limit=3)
+    assert [c["summary"] for c in page["checkpoints"]] == ["added f4.txt", "added f3.txt", "added f2.txt"]
+    assert page["more"] is True
+    rest = await log(session, limit=10)
+    assert len(rest["checkpoints"]) == 6 and rest["more"] is False
+
+
+async def test_diff_and_show_leave_git_internals_out_unless_asked(session: Session) -> None:
+    ov = session.overlay
+    put(ov, GIT, ".git/index", b"DIRC new")
+    put(ov, GIT, "notes.txt", b"by git\n")
+    Timeline(session).checkpoint("after", None, ME)
+    stat_only = await session.command({"cmd": "diff", "b": "after", "stat": True})
+    assert [f["path"] for f in stat_only["files"]] == ["notes.txt"]
+    both = await session.command({"cmd": "diff", "b": "after", "stat": True, "all": True})
+    assert [f["path"] for f in both["files"]] == [".git/index", "notes.txt"]
+    asked = await session.command({"cmd": "diff", "b": "after", "paths": [".git"]})
+    assert ".git/index" in asked["patch"]
+    shown = await session.command({"cmd": "show", "id": "after"})
+    assert not any(is_internal(f["path"]) for f in shown["files"])
+    shown_all = await session.command({"cmd": "show", "id": "after", "all": True})
+    assert ".git/index" in {f["path"] for f in shown_all["files"]}
