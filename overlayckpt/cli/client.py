@@ -15,6 +15,19 @@ def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
         return conn.call(cmd)
 
 
+def status(mountpoint: str) -> dict[str, Any]:
+    """The daemon's status from status.json: a read, which no command running holds up."""
+    path = os.path.join(mountpoint, ".overlayckpt", "status.json")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise UserError(f"{mountpoint}: the daemon is gone (stale mount); run 'overlayckpt "
+                            "mount' again to recover it") from None
+        raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
+
+
 class Connection:
     """An open ctl handle: any number of commands, each one write and (usually) one read.
     For a caller that sends many commands; the CLI sends one per process."""

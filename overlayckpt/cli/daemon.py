@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -107,9 +109,16 @@ def _last_error(logpath: str, start: int) -> str:
 
 
 def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
-    status = client.send(mountpoint, {"cmd": "status"})
+    # A command running holds ctl (the kernel lets one write at a time through) and its
+    # client keeps the mount busy: read the status from status.json, have the daemon
+    # cut running commands short (SIGUSR1: they are told so), then ask through ctl
+    status = client.status(mountpoint)
+    if status.get("pid"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(status["pid"], signal.SIGUSR1)
     if apply is not None:
         client.send(mountpoint, {"cmd": "set_apply", "apply": apply})
+    client.send(mountpoint, {"cmd": "interrupt"})  # answers once their clients closed ctl
     proc = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fusermount3 failed"
