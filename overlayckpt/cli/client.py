@@ -4,7 +4,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 from overlayckpt.errors import UserError
 

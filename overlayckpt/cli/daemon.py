@@ -16,7 +16,6 @@ from typing import Any
 
 from overlayckpt.cli import client
 from overlayckpt.errors import UserError
-from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.cli.target import Target, emit, find_mount
 
 
@@ -51,6 +50,7 @@ def prepare_mountpoint(mountpoint: str) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from overlayckpt.store.info import default_store_dir, read_info
     repo = resolve_repo(args.repo)
     mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
     store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
@@ -127,6 +127,7 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     while pid and client.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
+    from overlayckpt.store.info import read_info
     outcome = read_info(status["store"]).get("last_unmount", {})
     if outcome.get("error"):
         raise UserError(outcome["error"])
@@ -162,6 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
         env = dict(os.environ, OVERLAYCKPT_PRIVATE="1")
         return subprocess.call(["unshare", "-m", "--propagation", "private", "--"] + argv, env=env)
+    from overlayckpt.store.info import default_store_dir
     store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
     prepare_mountpoint(repo)
     apply = args.apply if args.apply is not None else not args.private
