@@ -81,23 +81,26 @@ class _StoppableStore:
 async def off_loop(store: Store, fn: Callable[[Store], T]) -> T:
     """fn(store) in a worker thread (it must only read). Cancelling the caller returns at
     once and stops the worker at its next read of the store."""
-    global _busy
     stop = threading.Event()
 
     def work() -> T:
         global _busy
+        with _idle:
+            # (a thread that starts after its command was cancelled, perhaps after the
+            # store closed, never touches it; one counted here is waited for)
+            if stop.is_set():
+                raise Stopped()
+            _busy += 1
         try:
             return fn(cast(Store, _StoppableStore(store, stop)))
         finally:
             with _idle:
                 _busy -= 1
                 _idle.notify_all()
-    with _idle:
-        _busy += 1  # counted from now: the thread may start after a wait_idle began
     try:
         return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
     except BaseException:
-        stop.set()  # (also when the thread never ran: then it raises Stopped at once)
+        stop.set()
         raise
 
 
