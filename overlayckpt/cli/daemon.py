@@ -113,7 +113,7 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     # client keeps the mount busy: read the status from status.json, have the daemon
     # cut running commands short (SIGUSR1: they are told so), then ask through ctl
     status = client.status(mountpoint)
-    if status.get("pid"):
+    if status.get("pid") and status.get("interruptible"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(status["pid"], signal.SIGUSR1)
     if apply is not None:

@@ -166,7 +166,9 @@ class ControlFs:
             raise FsError(errno.EACCES)
         handle = ControlHandle(ino, flags)
         if ino == STATUS_INO:
-            handle.snapshot = (json.dumps(self.session.status(), indent=2) + "\n").encode()
+            # (interruptible: SIGUSR1 interrupts commands; to an older daemon it is fatal)
+            status = {**self.session.status(), "interruptible": True}
+            handle.snapshot = (json.dumps(status, indent=2) + "\n").encode()
         elif ino == CONV_INO:
             handle.snapshot = self.session.conversation_text()
         return handle
