@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayck
 	$(MAKE) deps
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@# compat: the .pth is a plain path, no import finder (it cost every CLI start ~10-20 ms)
+	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 test: install
@@ -58,11 +59,11 @@ demo: install
 	$(PY) -m overlayckpt.demo
 
 bench: install
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
 	$(PY) -m bench.run --sizes 1000,10000,100000
 
 bench-quick: install
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
 	$(PY) -m bench.run --sizes 1000,10000 --quick
 
 clean:

@@ -17,6 +17,13 @@ class UserError(Exception):
     """A user mistake: one line of explanation, exit status 1, nothing changed."""
 
 
+class Stopped(UserError):
+    """The daemon stopped (a signal, an unmount) while a command ran: it was cut short."""
+
+    def __init__(self) -> None:
+        super().__init__("the daemon stopped while this command ran: run it again after mounting")
+
+
 class StoreLocked(UserError):
     pass
 

@@ -4,6 +4,13 @@ Every part gets its callbacks at construction: the kernel hooks (Kernel) go to
 the session's core context and to the adapter, the C library's read-ahead and
 status to the session. Order matters for in-place mounts: the repo is opened as
 a directory fd (Session.open -> Lower) before the overlay is mounted on top of it.
+
+Stopping (a signal, or `overlayckpt unmount`, which interrupts the commands first)
+takes well under a second whatever runs: the commands running are cut short (their
+clients read one line saying so), the loop ends, the mount goes. A command's
+worker thread still reading the store after WORKERS_WAIT is abandoned: the store
+is synced but not closed (LMDB must not close under a live read transaction; a
+store that was not closed is checked at the next open), and the process exits.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from overlayckpt.fuse.ops import Operations
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.service.session import Session
+from overlayckpt.service.workers import wait_idle
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.fuse.views import CheckpointViews
 
@@ -36,6 +44,8 @@ log = logging.getLogger(__name__)
 # also because the sync point's pin keeps LMDB from reusing the pages freed since the last
 SYNC_INTERVAL = 1.0
 RETENTION_EVERY = 150  # sync intervals between retention checks
+WORKERS_WAIT = 0.5  # seconds a stopping daemon waits for its commands' worker threads
+UNMOUNT_HOLD = 2.0  # seconds SIGUSR1 (sent by `unmount`) refuses new commands for
 
 
 def mount_options(allow_other: bool) -> set[str]:
@@ -81,8 +91,9 @@ class Kernel:
 class Daemon:
     """Serves the mount: pyfuse3's loop, the sync points and retention, the signals."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, control: ControlFs) -> None:
         self.session = session
+        self.control = control
 
     async def _sync_loop(self) -> None:
         while True:
@@ -98,9 +109,14 @@ class Daemon:
                 log.warning("thinning the history failed: %s", e)
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
-            async for _ in sigs:
+        stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        with trio.open_signal_receiver(*stops, signal.SIGUSR1) as sigs:
+            async for signum in sigs:
+                if signum == signal.SIGUSR1:  # an unmount is coming (cli/daemon.py)
+                    await self.control.interrupt(UNMOUNT_HOLD)
+                    continue
                 log.info("signal received: unmounting")
+                await self.control.stop()
                 pyfuse3.terminate()
                 return
 
@@ -120,9 +136,11 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
                            warm=kcache.warm_tree, kernel_status=kernel_status)
-    daemon = Daemon(session)
-    ops = Operations(session.overlay, ControlFs(session, CheckpointViews(session.ctx)),
-                     invalidate=kernel.invalidate, kernel_handles=kcache.active)
+    control = ControlFs(session, CheckpointViews(session.ctx))
+    daemon = Daemon(session, control)
+    ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
+                     kernel_handles=kcache.active)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
         pyfuse3.init(ops, mountpoint, mount_options(allow_other))
     except RuntimeError as e:
@@ -153,10 +171,19 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             result = {"applied": False, "error": f"applying to {repo} failed: {e}; the session is "
                                                  f"kept: run 'overlayckpt --store {store_dir} apply'"}
         finally:
-            session.close()
+            abandoned = not wait_idle(WORKERS_WAIT)
+            if abandoned:
+                log.warning("a command's worker thread is still reading the store: it is "
+                            "synced and left unclosed (the next mount checks it)")
+                session.store.sync()
+            else:
+                session.close()
             info = read_info(store_dir)
             info.pop("pid", None)
             info.pop("mountpoint", None)
             info["last_unmount"] = result
             write_info(store_dir, info)
+    if abandoned:  # no interpreter teardown: it would free LMDB's map under that thread
+        logging.shutdown()
+        os._exit(0)
     return 0

@@ -295,6 +295,10 @@ DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
     # daemon logs the refusal (one line) before the CLI reports it
     (r"ERROR overlayckpt\.mount: apply at unmount refused: the repo itself changed",
      r"test_cli\.py::test_apply_refuses_to_overwrite_changes_made_in_the_repo"),
+    # a command's worker stuck in a system call while the daemon stops (an export
+    # waiting on a FIFO, on purpose): the daemon leaves the store synced but unclosed
+    (r"WARNING overlayckpt\.mount: a command's worker thread is still reading the store",
+     r"test_promptness\.py::"),
     # any test that unmounts right after closing a file: the kernel sends the release
     # without waiting for it and the unmount aborts the connection, so the daemon's
     # answer to it finds no request (ENOENT) and pyfuse3 logs that; the release itself ran

@@ -5,31 +5,43 @@ Commands on a session talk to its daemon through `.overlayckpt/ctl` when it is
 mounted, or open its store directly (`--store`) when it is not.
 The commands live one group per module: daemon.py (mount, unmount, run, status,
 recover), timeline.py, export.py, hooks.py.
+
+A command that only talks to a daemon (a hook's `checkpoint`, `log`) is started
+often and must start fast: this module imports only the parser's needs, each
+command's module is imported when it runs, and nothing on that path imports
+trio, lmdb or the other compiled dependencies (tests/test_promptness.py).
 """
 from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import DEFAULT_BLOCK_SIZE
-from overlayckpt.cli.daemon import cmd_mount, cmd_recover, cmd_run, cmd_status, cmd_unmount
-from overlayckpt.cli.hooks import cmd_hook, cmd_install_hooks
 
 
 def _mount_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None,
-                   help=f"block size of a new store (default {DEFAULT_BLOCK_SIZE})")
+                   help="block size of a new store (default 4096: records.DEFAULT_BLOCK_SIZE)")
     p.add_argument("--window", type=float, default=None,
                    help="seconds of idleness that end an automatic checkpoint (0: one per operation)")
     p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """A subcommand's parser that build_parser(only=...) leaves out: takes every call."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: self
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with only, just that subcommand's (a parser of every subcommand
+    costs more than a short command itself)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--mount", default=argparse.SUPPRESS,
                         help="the session's mountpoint (default: $OVERLAYCKPT_MOUNT or the mount "
@@ -43,8 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Checkpointing overlay for coding agents")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     real_add = sub.add_parser
+    added: list[str] = []
 
     def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return _Skipped()  # type: ignore[return-value]
+        added.append(name)
         return real_add(name, parents=[common], **kw)
     sub.add_parser = add_parser  # type: ignore[method-assign]
 
@@ -87,25 +103,57 @@ def build_parser() -> argparse.ArgumentParser:
                                "(stdio): timeline, diff, checkpoint, restore")
 
     from overlayckpt.cli import timeline as cli_timeline
-    cli_timeline.add_parsers(sub)
+    cli_timeline.add_parsers(sub, only)
+    if only is not None and not added:
+        return build_parser()  # a misspelt command: the full parser lists the known ones
     return p
 
 
-def cmd_mcp(args: argparse.Namespace) -> int:
-    from overlayckpt.cli.mcp import cmd_mcp as run  # (imports the mcp package only here)
-    return run(args)
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand argv names (None with -h or when it cannot tell): the first word
+    that is neither an option of `common` nor the value of --mount or --store."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word in ("-h", "--help"):
+            return None
+        if word in ("--mount", "--store"):
+            i += 2
+            continue
+        if not word.startswith("-"):
+            return word
+        i += 1
+    return None
 
 
-HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "mount": cmd_mount, "unmount": cmd_unmount, "run": cmd_run, "status": cmd_status,
-    "recover": cmd_recover,
-    "hook": cmd_hook, "install-hooks": cmd_install_hooks, "mcp": cmd_mcp,
-}
+# the commands of daemon.py and hooks.py; every other one is timeline.py's (or export.py's)
+DAEMON_COMMANDS = ("mount", "unmount", "run", "status", "recover")
+HOOK_COMMANDS = ("hook", "install-hooks")
+
+
+def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
+    if command in DAEMON_COMMANDS:
+        from overlayckpt.cli import daemon
+        return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
+    if command == "mcp":
+        from overlayckpt.cli.mcp import cmd_mcp  # (imports the mcp package only here)
+        return cmd_mcp
+    if command in HOOK_COMMANDS:
+        from overlayckpt.cli import hooks
+        return getattr(hooks, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
+    from overlayckpt.cli import timeline as cli_timeline
+    return cli_timeline.HANDLERS[command]
+
+
+def setup_logging(verbose: bool) -> None:
+    import logging
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="overlayckpt: %(levelname)s %(name)s: %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(argv))
     paths: list[str] = []
     if "--" in argv and any(c in argv[:argv.index("--")] for c in ("diff", "restore")):
         i = argv.index("--")
@@ -115,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, default in (("mount", None), ("store", None), ("json", False), ("verbose", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="overlayckpt: %(levelname)s %(name)s: %(message)s")
-    from overlayckpt.cli import timeline as cli_timeline
-    handler = HANDLERS.get(args.command) or cli_timeline.HANDLERS[args.command]
+    # (a command that talks to a daemon logs nothing here: it spares the import)
+    if args.verbose or args.store or args.command in DAEMON_COMMANDS + HOOK_COMMANDS + ("mcp",):
+        setup_logging(args.verbose)
+    handler = handler_of(args.command)
     try:
         return handler(args)
     except UserError as e:

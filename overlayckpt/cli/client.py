@@ -4,7 +4,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 from overlayckpt.errors import UserError
 
@@ -13,6 +15,19 @@ def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
     """Write one command to the daemon's ctl file and return its JSON reply."""
     with Connection(mountpoint) as conn:
         return conn.call(cmd)
+
+
+def status(mountpoint: str) -> dict[str, Any]:
+    """The daemon's status from status.json: a read, which no command running holds up."""
+    path = os.path.join(mountpoint, ".overlayckpt", "status.json")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise UserError(f"{mountpoint}: the daemon is gone (stale mount); run 'overlayckpt "
+                            "mount' again to recover it") from None
+        raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
 
 
 class Connection:

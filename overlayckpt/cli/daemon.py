@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,6 @@ from typing import Any
 
 from overlayckpt.cli import client
 from overlayckpt.errors import UserError
-from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.cli.target import Target, emit, find_mount
 
 
@@ -49,6 +50,7 @@ def prepare_mountpoint(mountpoint: str) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from overlayckpt.store.info import default_store_dir, read_info
     repo = resolve_repo(args.repo)
     mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
     store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
@@ -107,9 +109,16 @@ def _last_error(logpath: str, start: int) -> str:
 
 
 def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
-    status = client.send(mountpoint, {"cmd": "status"})
+    # A command running holds ctl (the kernel lets one write at a time through) and its
+    # client keeps the mount busy: read the status from status.json, have the daemon
+    # cut running commands short (SIGUSR1: they are told so), then ask through ctl
+    status = client.status(mountpoint)
+    if status.get("pid") and status.get("interruptible"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(status["pid"], signal.SIGUSR1)
     if apply is not None:
         client.send(mountpoint, {"cmd": "set_apply", "apply": apply})
+    client.send(mountpoint, {"cmd": "interrupt"})  # answers once their clients closed ctl
     proc = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fusermount3 failed"
@@ -118,6 +127,7 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     while pid and client.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
+    from overlayckpt.store.info import read_info
     outcome = read_info(status["store"]).get("last_unmount", {})
     if outcome.get("error"):
         raise UserError(outcome["error"])
@@ -153,6 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
         env = dict(os.environ, OVERLAYCKPT_PRIVATE="1")
         return subprocess.call(["unshare", "-m", "--propagation", "private", "--"] + argv, env=env)
+    from overlayckpt.store.info import default_store_dir
     store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
     prepare_mountpoint(repo)
     apply = args.apply if args.apply is not None else not args.private

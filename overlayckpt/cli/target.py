@@ -7,11 +7,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 from overlayckpt.cli import client
 from overlayckpt.errors import UserError
-from overlayckpt.store.info import read_info
 
 
 # -- finding the session ----------------------------------------------------
@@ -58,6 +59,7 @@ class Target:
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
         if self.mount is not None:
             return client.send(self.mount, cmd)
+        from overlayckpt.store.info import read_info  # (not on the daemon's path: it is heavier)
         info = read_info(self.store or "")
         if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
             return client.send(info["mountpoint"], cmd)

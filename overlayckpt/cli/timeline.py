@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 PAGE = 20  # log entries shown without --limit
@@ -34,6 +34,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _local_time(iso: str) -> str:
+    import datetime
     t = datetime.datetime.fromisoformat(iso).astimezone()
     return t.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -88,6 +89,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         return _emit(args, result, lambda r: "")
     if "content_b64" in result:
+        import base64
         sys.stdout.buffer.write(base64.b64decode(result["content_b64"]))
         sys.stdout.flush()
         return 0
@@ -181,7 +183,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def add_parsers(sub: Any) -> None:
+def add_parsers(sub: Any, only: str | None = None) -> None:
     c = sub.add_parser("checkpoint", help="a named checkpoint of the live state; prints its id")
     c.add_argument("name", nargs="?")
     c.add_argument("-m", "--message")
@@ -221,8 +223,9 @@ def add_parsers(sub: Any) -> None:
 
     sub.add_parser("rewind", help="interactive timeline: move, preview, restore")
 
-    from overlayckpt.cli.export import add_cli
-    add_cli(sub, HANDLERS)
+    if only in (None, "export", "import"):
+        from overlayckpt.cli.export import add_cli
+        add_cli(sub, HANDLERS)
 
     cv = sub.add_parser("conversation", help="the conversation now, at a checkpoint, or all branches")
     cv.add_argument("--at")

@@ -14,20 +14,29 @@ names (they never change) and the attributes of the directory and of ctl (its
 mode and size never change), which spares a checkpoint request two lookups and
 two permission checks; status.json keeps no cached attributes, so a stat of it
 always reaches the daemon (client.is_stale relies on that).
+
+Stopping: `interrupt` cuts short every command running (each one's client reads
+one line saying so, errors.Stopped) and refuses new ones for a while; the daemon
+calls it on a signal (mount.py), and `overlayckpt unmount` sends the
+`interrupt` command before it unmounts. The kernel runs one write on ctl at a
+time (it holds the file's lock for the whole command), so a client that must get
+through while a command runs first has the daemon call it (SIGUSR1).
 """
 from __future__ import annotations
 
 import errno
 import json
 import logging
+import math
 import os
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyfuse3
+import trio
 
-from overlayckpt.errors import FsError, UserError
+from overlayckpt.errors import FsError, Stopped, UserError
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
@@ -42,6 +51,9 @@ CKPTS_INO = CONTROL_INO_BASE + 5
 VIEW_INO_BASE = CONTROL_INO_BASE + (1 << 32)
 
 MAX_LINE = 1 << 20  # one command or conversation line; longer is EINVAL
+# seconds an interrupt waits for the cut-short commands' clients to close ctl
+STOP_GRACE = 0.5
+INSTANT = frozenset({"status", "set_apply"})  # never refused: they hold ctl for no time
 
 FILES = {b"ctl": CTL_INO, b"status.json": STATUS_INO, b"conversation.jsonl": CONV_INO,
          b"checkpoints": CKPTS_INO}
@@ -69,7 +81,7 @@ class Views(Protocol):
     def listing_mtime_ns(self) -> int: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ControlHandle:
     ino: int
     flags: int
@@ -84,6 +96,9 @@ class ControlFs:
     def __init__(self, session: Session, views: Views | None = None) -> None:
         self.session = session
         self.views = views
+        self._refuse_until = 0.0  # (trio clock) until then, commands get Stopped's line
+        self._running: set[trio.CancelScope] = set()  # one per command running
+        self._cut: set[ControlHandle] = set()  # handles told Stopped, not yet closed
 
     def _attr(self, v: VirtualAttr) -> pyfuse3.EntryAttributes:
         return virtual_attrs(v)
@@ -151,7 +166,9 @@ class ControlFs:
             raise FsError(errno.EACCES)
         handle = ControlHandle(ino, flags)
         if ino == STATUS_INO:
-            handle.snapshot = (json.dumps(self.session.status(), indent=2) + "\n").encode()
+            # (interruptible: SIGUSR1 interrupts commands; to an older daemon it is fatal)
+            status = {**self.session.status(), "interruptible": True}
+            handle.snapshot = (json.dumps(status, indent=2) + "\n").encode()
         elif ino == CONV_INO:
             handle.snapshot = self.session.conversation_text()
         return handle
@@ -230,27 +247,60 @@ class ControlFs:
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
             return errno.EINVAL
-        try:
-            if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
-                raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
-            # (a ValueError from inside a command is our bug, not malformed input: below)
-            result = await self.session.command(cmd)
-        except (UserError, FsError) as e:
-            self._reply(h, {"ok": False, "error": str(e)})
-            store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
-            return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
-        except Exception as e:  # a bad command must never take the daemon or the reply down
-            log.exception("control command failed: %r", line[:200])
-            self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
+        if isinstance(cmd, dict) and cmd.get("cmd") == "interrupt":  # (not a session's command)
+            self._reply(h, {"ok": True, "interrupted": await self.interrupt()})
+            return None
+        with trio.CancelScope() as scope:
+            self._running.add(scope)
+            try:
+                if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
+                    raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
+                if trio.current_time() < self._refuse_until and cmd["cmd"] not in INSTANT:
+                    raise Stopped()
+                # (a ValueError from inside a command is our bug, not malformed input: below)
+                result = await self.session.command(cmd)
+            except (UserError, FsError) as e:
+                if isinstance(e, Stopped):
+                    self._cut.add(h)
+                self._reply(h, {"ok": False, "error": str(e)})
+                store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
+                return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
+            except Exception as e:  # a bad command must never take the daemon or the reply down
+                log.exception("control command failed: %r", line[:200])
+                self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
+                return errno.EINVAL
+            finally:
+                self._running.discard(scope)
+        if scope.cancelled_caught:
+            self._cut.add(h)
+            self._reply(h, {"ok": False, "error": str(Stopped())})
             return errno.EINVAL
         self._reply(h, {"ok": True, **result})
         return None
+
+    async def interrupt(self, refuse: float = 0.0) -> int:
+        """Cut short every command running, and refuse new ones for `refuse` seconds
+        (math.inf: for good). Returns the number cut short, once their clients have
+        closed ctl (so that an unmount does not find the mount busy), or STOP_GRACE on."""
+        self._refuse_until = max(self._refuse_until, trio.current_time() + refuse)
+        running = list(self._running)
+        for scope in running:
+            scope.cancel()
+        with trio.move_on_after(STOP_GRACE):
+            while self._running or self._cut:
+                await trio.sleep(0.005)
+        return len(running)
+
+    async def stop(self) -> None:
+        """The daemon stops: every command from now on is refused."""
+        await self.interrupt(math.inf)
 
     @staticmethod
     def _reply(h: ControlHandle, obj: dict[str, Any]) -> None:
         h.reply += (json.dumps(obj) + "\n").encode()
 
     async def release(self, h: ControlHandle) -> None:
+        self._cut.discard(h)
         if h.ino == CONV_INO and h.pending.strip():
             try:
                 self.session.conversation_append(bytes(h.pending))

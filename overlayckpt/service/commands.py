@@ -10,7 +10,6 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import trio
 
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
@@ -20,6 +19,7 @@ from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
+from overlayckpt.service.workers import off_loop
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.core.timeline import Timeline
 
@@ -29,8 +29,9 @@ T = TypeVar("T")
 async def _off_loop(s: Session, fn: Callable[[ReadTxn], T]) -> T:
     """Read-only work (diffs, line counts, a whole-store check) in a worker thread, in a
     read view of its own: the mount's requests are served meanwhile. (LMDB readers may
-    run beside the writer; writes stay on the loop's thread.)"""
-    return await trio.to_thread.run_sync(s.store.read, fn)
+    run beside the writer; writes stay on the loop's thread.) A daemon that stops
+    cancels it (workers.py)."""
+    return await off_loop(s.store, lambda store: store.read(fn))
 
 
 def _caller() -> Caller:
@@ -245,7 +246,7 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.maintenance import fsck, repair
     if not cmd.get("repair"):  # a plain check changes nothing: off the loop, no sync point
-        return {**await trio.to_thread.run_sync(fsck, s.store), "repaired": []}
+        return {**await off_loop(s.store, fsck), "repaired": []}
     repaired = repair(s.store)["dropped"]  # (a write: on the loop's thread)
     await make_durable(s.store)
     return {**fsck(s.store), "repaired": repaired}

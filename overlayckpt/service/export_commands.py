@@ -12,6 +12,7 @@ import trio
 from overlayckpt.errors import UserError
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
+from overlayckpt.service.workers import off_loop
 from overlayckpt.export.bundle import write_bundle
 from overlayckpt.export.exporter import GitExport
 from overlayckpt.export.gitnames import session_name
@@ -66,4 +67,4 @@ async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if mnt and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
         raise UserError(f"{path} is inside the mount {mnt}: write the bundle outside it")
     info = {"repo": s.repo, "window": s.overlay.window, "session": session_name(s.store.path)}
-    return await trio.to_thread.run_sync(write_bundle, s.store, path, info, s.lower.fd)
+    return await off_loop(s.store, lambda store: write_bundle(store, path, info, s.lower.fd))
