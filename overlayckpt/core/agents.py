@@ -92,9 +92,10 @@ def _as_claude(event: dict[str, Any], agent: str) -> dict[str, Any]:
     elif agent == "gemini":
         response = event.get("tool_response")
         if isinstance(response, dict):
-            if response.get("error"):
+            error = response.get("error")
+            if error:
                 out["hook_event_name"] = "PostToolUseFailure"
-                out["error"] = response["error"]
+                out["error"] = error.get("message", error) if isinstance(error, dict) else error
             out["tool_response"] = response.get("llmContent", response.get("returnDisplay", response))
         out["last_assistant_message"] = event.get("prompt_response")
     return out
