@@ -197,3 +197,15 @@ def test_the_registered_mcp_server_serves_the_mount_it_starts_in(mounted: Mount,
     server = json.loads((tmp_path / ".cursor" / "mcp.json").read_text())["mcpServers"]["overlayckpt"]
     tools = asyncio.run(_list_tools(server["command"], server["args"], mounted.mnt / "src"))
     assert tools == ["checkpoint", "diff", "restore", "timeline"]
+
+
+def test_install_hooks_refuses_settings_of_another_shape(tmp_path: Path) -> None:
+    settings = tmp_path / ".gemini" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"hooks": [{"command": "old-style"}]}))
+    env = dict(os.environ, HOME=str(tmp_path))
+    proc = run_cli("install-hooks", "gemini", env=env, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"overlayckpt: {settings}: 'hooks' is not a JSON object: fix it first"]
+    assert json.loads(settings.read_text()) == {"hooks": [{"command": "old-style"}]}

@@ -250,6 +250,15 @@ def _write_settings(path: str, settings: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _member(obj: dict[str, Any], key: str, kind: type, path: str) -> Any:
+    """obj[key], made empty if missing; a value of another type is the user's to fix."""
+    value = obj.setdefault(key, kind())
+    if not isinstance(value, kind):
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path}: {key!r} is not a JSON {'object' if kind is dict else 'array'}: fix it first")
+    return value
+
+
 def _hook_entry(agent: str, event: str, command: str) -> dict[str, Any]:
     if agent == "cursor":
         return {"command": command}  # (its timeout's unit is not documented clearly: its default)
@@ -273,14 +282,14 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     settings = _read_settings(path)
     if agent == "cursor":
         settings.setdefault("version", 1)
-    hooks = settings.setdefault("hooks", {})
+    hooks = _member(settings, "hooks", dict, path)
     # Every hook stays synchronous (no "async": true): the conversation is kept in the
     # order its lines arrive, and a call's line must land before its changes, its result
     # before the next call (parallel tool calls are milliseconds apart), a prompt before
     # the first call it causes; `claude -p` may exit before a background Stop hook ends.
     # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
     for event in AGENT_EVENTS[agent]:
-        entries = hooks.setdefault(event, [])
+        entries = _member(hooks, event, list, path)
         if not any(_is_ours(e) for e in entries):
             entries.append(_hook_entry(agent, event, command))
     _write_settings(path, settings)
@@ -334,9 +343,7 @@ def install_mcp(path: str, python: str, agent: str) -> str:
     """Register `overlayckpt mcp` in the agent's mcpServers. No --mount: the server finds
     the mount from the directory the agent starts it in."""
     settings = _read_settings(path)
-    servers = settings.get("mcpServers")
-    if not isinstance(servers, dict):
-        servers = settings["mcpServers"] = {}
+    servers = _member(settings, "mcpServers", dict, path)
     server: dict[str, Any] = {"command": python, "args": ["-m", "overlayckpt", "mcp"]}
     if agent == "claude-code":
         server = {"type": "stdio", **server, "env": {}}
