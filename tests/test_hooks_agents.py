@@ -209,3 +209,18 @@ def test_install_hooks_refuses_settings_of_another_shape(tmp_path: Path) -> None
     assert proc.stderr.strip().splitlines() == [
         f"overlayckpt: {settings}: 'hooks' is not a JSON object: fix it first"]
     assert json.loads(settings.read_text()) == {"hooks": [{"command": "old-style"}]}
+
+
+def test_install_hooks_codex_registers_the_mcp_server_in_config_toml(tmp_path: Path) -> None:
+    import tomllib
+    config = tmp_path / ".codex" / "config.toml"
+    config.parent.mkdir()
+    mine = 'model = "gpt-5"\n\n[mcp_servers.other]\ncommand = "srv"\n\n[profiles.fast]\nmodel = "x"\n'
+    config.write_text(mine)
+    for _ in range(2):  # idempotent
+        install("codex", tmp_path)
+    got = tomllib.loads(config.read_text())
+    assert got["model"] == "gpt-5" and got["profiles"] == {"fast": {"model": "x"}}
+    assert got["mcp_servers"] == {"other": {"command": "srv"}, "overlayckpt": MCP}
+    install("codex", tmp_path, "--uninstall")
+    assert config.read_text() == mine

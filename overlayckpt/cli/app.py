@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     ih.add_argument("--settings", help="the hooks file (default: ~/.claude/settings.json, ~/.codex/hooks.json, "
                                        "~/.gemini/settings.json, ~/.cursor/hooks.json)")
     ih.add_argument("--no-mcp", action="store_true",
-                    help="do not register `overlayckpt mcp` (default: in ~/.claude.json, ~/.gemini/settings.json, "
-                         "~/.cursor/mcp.json)")
+                    help="do not register `overlayckpt mcp` (default: in ~/.claude.json, ~/.codex/config.toml, "
+                         "~/.gemini/settings.json, ~/.cursor/mcp.json)")
     ih.add_argument("--uninstall", action="store_true", help="take our hooks and MCP server out again")
     ih.add_argument("--project", default=".",
                     help="project whose .claude/settings.local.json loses our old hooks (default: current)")

@@ -206,13 +206,15 @@ def user_settings_path(agent: str = "claude-code") -> str:
 
 
 def mcp_config_path(agent: str, hooks_path: str) -> str | None:
-    """The agent's user-level file with `mcpServers` (None: Codex keeps its in TOML)."""
+    """The agent's user-level file naming its MCP servers."""
     if agent == "claude-code":  # user scope, as `claude mcp add --scope user` writes it
         return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~"), ".claude.json")
     if agent == "gemini":
         return hooks_path  # one settings.json holds both
     if agent == "cursor":
         return os.path.join(os.path.dirname(hooks_path), "mcp.json")
+    if agent == "codex":  # [mcp_servers.NAME] tables beside hooks.json
+        return os.path.join(os.path.dirname(hooks_path), "config.toml")
     return None
 
 
@@ -339,9 +341,47 @@ def remove_project_hooks(project: str) -> str | None:
         return None  # not ours to fix
 
 
+CODEX_MCP_TABLE = f"[mcp_servers.{MCP_NAME}]"
+
+
+def _codex_toml(path: str) -> tuple[str, dict[str, Any]]:
+    import tomllib
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path} is not valid TOML ({e}): fix it first") from None
+
+
+def _without_codex_table(text: str) -> str:
+    """text without our [mcp_servers.overlayckpt] table (and its subtables)."""
+    out, ours = [], False
+    for line in text.splitlines(keepends=True):
+        head = line.strip()
+        if head.startswith("["):
+            ours = head == CODEX_MCP_TABLE or head.startswith(CODEX_MCP_TABLE[:-1] + ".")
+        if not ours:
+            out.append(line)
+    return "".join(out).rstrip("\n") + "\n" if out else ""
+
+
 def install_mcp(path: str, python: str, agent: str) -> str:
     """Register `overlayckpt mcp` in the agent's mcpServers. No --mount: the server finds
     the mount from the directory the agent starts it in."""
+    if agent == "codex":  # TOML: the table appended as text, so the user's file stays as written
+        text, config = _codex_toml(path)
+        if MCP_NAME in (config.get("mcp_servers") or {}):
+            text = _without_codex_table(text)
+        table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = ["-m", "overlayckpt", "mcp"]\n'
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write((text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
+        os.replace(path + ".tmp", path)
+        return path
     settings = _read_settings(path)
     servers = _member(settings, "mcpServers", dict, path)
     server: dict[str, Any] = {"command": python, "args": ["-m", "overlayckpt", "mcp"]}
@@ -355,6 +395,14 @@ def install_mcp(path: str, python: str, agent: str) -> str:
 def uninstall_mcp(path: str) -> bool:
     if not os.path.exists(path):
         return False
+    if path.endswith(".toml"):
+        text, config = _codex_toml(path)
+        if MCP_NAME not in (config.get("mcp_servers") or {}):
+            return False
+        with open(path + ".tmp", "w") as f:
+            f.write(_without_codex_table(text))
+        os.replace(path + ".tmp", path)
+        return True
     settings = _read_settings(path)
     servers = settings.get("mcpServers")
     if not isinstance(servers, dict) or MCP_NAME not in servers:
