@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import Mount, run_cli
+from conftest import CLI, Mount
 
 
 def _structured(result: Any) -> Any:
@@ -54,7 +57,26 @@ def test_an_mcp_client_lists_checkpoints_diffs_and_restores(mounted: Mount) -> N
 
 
 def test_mcp_outside_a_mount_says_so_in_one_line(tmp_path: Path) -> None:
-    proc = run_cli("mcp", check=False, cwd=str(tmp_path))
+    """At a terminal: one line and exit 1. (An agent, stdin a pipe, gets a server whose
+    tools say so: install-hooks registers it for every directory.)"""
+    main, tty = pty.openpty()
+    try:
+        proc = subprocess.run(CLI + ["mcp"], stdin=tty, capture_output=True, text=True,
+                              cwd=str(tmp_path), timeout=60)
+    finally:
+        os.close(main)
+        os.close(tty)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "overlayckpt: no overlayckpt mount here: start the MCP server inside a mount, or pass --mount"]
+
+
+async def _outside(cwd: Path) -> Any:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "overlayckpt", "mcp"], cwd=str(cwd))
+    async with Client(params) as client:
+        return await client.call_tool("timeline", {})
+
+
+def test_mcp_started_by_an_agent_outside_a_mount_answers_each_call_so(tmp_path: Path) -> None:
+    result = asyncio.run(_outside(tmp_path))
+    assert result.is_error and "no overlayckpt mount here" in result.content[0].text

@@ -8,6 +8,7 @@ and the daemon stays the only writer. The `mcp` package is imported only here.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from overlayckpt.cli import client
@@ -18,15 +19,21 @@ INSTRUCTIONS = (
     "overlayckpt records every change made under this directory as checkpoints. "
     "Use checkpoint before a risky step, timeline and diff to see what changed, "
     "and restore to undo: a restore is itself undoable (restore '@before-last').")
+NO_MOUNT = "no overlayckpt mount here: start the MCP server inside a mount, or pass --mount"
 
 
-def build(mountpoint: str) -> Any:
+def build(mountpoint: str | None) -> Any:
+    """The server; mountpoint None (started outside any mount) answers every call with
+    NO_MOUNT, so a user-level registration (install-hooks) does not show the agent a
+    failed server in every directory that is not a mount."""
     from mcp.server import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
     server = MCPServer("overlayckpt", instructions=INSTRUCTIONS)
 
     def call(cmd: dict[str, Any]) -> dict[str, Any]:
+        if mountpoint is None:
+            raise ToolError(NO_MOUNT)
         try:
             return client.send(mountpoint, cmd)
         except UserError as e:  # the daemon's one line, as the tool's error
@@ -67,9 +74,8 @@ def _ref(text: str) -> int | str:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     mountpoint = find_mount(args.mount)
-    if mountpoint is None:
-        raise UserError("no overlayckpt mount here: start the MCP server inside a mount, or "
-                        "pass --mount")
+    if mountpoint is None and (args.mount or sys.stdin.isatty()):
+        raise UserError(NO_MOUNT)  # a person at a terminal, or a wrong --mount
     try:
         server = build(mountpoint)
     except ImportError:

@@ -1,6 +1,7 @@
-"""Agent integration: Claude Code and Codex hook events into the conversation
-sidecar (both send the same snake_case fields), hook installation, and Claude
-Code transcripts cut back to a checkpoint.
+"""Agent integration: Claude Code, Codex, Gemini CLI and Cursor hook events into the
+conversation sidecar (Claude and Codex send the same snake_case fields; Gemini's and
+Cursor's events are translated to theirs), hook and MCP server installation, and
+Claude Code / Codex transcripts cut back to a checkpoint.
 
 The hook must never break the agent: whatever goes wrong, it prints at most
 one line on stderr and exits 0, quickly.
@@ -17,9 +18,20 @@ from typing import Any
 MAX_EVENT = 4 << 20
 EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
-AGENTS = ("claude-code", "codex")
+AGENTS = ("claude-code", "codex", "gemini", "cursor")
+TRANSCRIPT_AGENTS = ("claude-code", "codex")  # whose transcripts a restore cuts
 # the events each agent's hook file may name (Codex refuses a file with one it lacks)
-AGENT_EVENTS = {"claude-code": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")}
+AGENT_EVENTS = {"claude-code": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
+                "gemini": ("BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"),
+                "cursor": ("beforeSubmitPrompt", "preToolUse", "postToolUse", "postToolUseFailure",
+                           "afterAgentResponse")}
+# Gemini's and Cursor's events as the Claude events the conversation keys on
+# (PreToolUse starts a call's checkpoint, Stop ends a turn: core/conversation.py)
+AS_CLAUDE = {"BeforeAgent": "UserPromptSubmit", "BeforeTool": "PreToolUse", "AfterTool": "PostToolUse",
+             "AfterAgent": "Stop", "beforeSubmitPrompt": "UserPromptSubmit", "preToolUse": "PreToolUse",
+             "postToolUse": "PostToolUse", "postToolUseFailure": "PostToolUseFailure",
+             "afterAgentResponse": "Stop"}
+MCP_NAME = "overlayckpt"  # our entry in the agents' mcpServers
 HOOK_MARK = "overlayckpt hook"  # in every command we install: `... -m overlayckpt hook AGENT`
 TURN_FINISHED = "(turn finished)"  # a Stop event without the assistant's last message
 
@@ -54,11 +66,50 @@ def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
     return tool
 
 
+def _event_cwd(event: dict[str, Any]) -> Any:
+    roots = event.get("workspace_roots")  # Cursor's, for events without a cwd
+    if not event.get("cwd") and isinstance(roots, list) and roots:
+        return roots[0]
+    return event.get("cwd")
+
+
+def _as_claude(event: dict[str, Any], agent: str) -> dict[str, Any]:
+    """A Gemini CLI or Cursor hook event in Claude Code's fields (fields as their docs
+    name them: Gemini's hooks reference, Cursor's hooks page)."""
+    name = event.get("hook_event_name")
+    out = dict(event, hook_event_name=AS_CLAUDE.get(str(name), name), agent_event=name)
+    if agent == "cursor":
+        out["session_id"] = event.get("conversation_id")
+        out["cwd"] = _event_cwd(event)
+        if isinstance(event.get("tool_input"), str):  # MCP tools' input comes as JSON text
+            try:
+                out["tool_input"] = json.loads(event["tool_input"])
+            except ValueError:
+                pass
+        out["tool_response"] = event.get("tool_output")
+        out["error"] = event.get("error_message") or event.get("error") or ""
+        out["last_assistant_message"] = event.get("text")
+    elif agent == "gemini":
+        response = event.get("tool_response")
+        if isinstance(response, dict):
+            error = response.get("error")
+            if error:
+                out["hook_event_name"] = "PostToolUseFailure"
+                out["error"] = error.get("message", error) if isinstance(error, dict) else error
+            out["tool_response"] = response.get("llmContent", response.get("returnDisplay", response))
+        out["last_assistant_message"] = event.get("prompt_response")
+    return out
+
+
 def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str, Any] | None:
     """One conversation line for an agent's hook event (None: nothing to log)."""
+    if agent in ("gemini", "cursor"):
+        event = _as_claude(event, agent)
     name = event.get("hook_event_name")
     common = {"agent": agent, "event": name, "session_id": event.get("session_id"),
               "transcript_path": event.get("transcript_path")}
+    if event.get("agent_event"):
+        common["agent_event"] = event["agent_event"]
     if name == "UserPromptSubmit":
         return {"role": "user", "content": str(event.get("prompt", "")), **common}
     if name == "PreToolUse":
@@ -122,10 +173,12 @@ def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
         event = json.loads(raw)
         if not isinstance(event, dict):
             raise ValueError("event is not a JSON object")
+        if agent in ("gemini", "cursor"):
+            print("{}")  # both read a JSON answer on stdout; an empty one allows everything
         line = event_to_line(event, agent)
         if line is None:
             return 0
-        target = mount or os.environ.get("OVERLAYCKPT_MOUNT") or find_mount_for(event.get("cwd"))
+        target = mount or os.environ.get("OVERLAYCKPT_MOUNT") or find_mount_for(_event_cwd(event))
         if target is None:
             return 0  # not inside an overlayckpt mount: nothing to record
         path = os.path.join(target, ".overlayckpt", "conversation.jsonl")
@@ -141,15 +194,38 @@ def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
 
 def user_settings_path(agent: str = "claude-code") -> str:
     """The agent's user-level hooks file: read for every project, outside every captured tree."""
+    home = os.path.expanduser("~")
     if agent == "codex":
-        base = os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
-        return os.path.join(base, "hooks.json")
-    base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+        return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "hooks.json")
+    if agent == "gemini":
+        return os.path.join(home, ".gemini", "settings.json")
+    if agent == "cursor":
+        return os.path.join(home, ".cursor", "hooks.json")
+    base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
     return os.path.join(base, "settings.json")
 
 
-def _is_ours(entry: dict[str, Any]) -> bool:
-    return any(HOOK_MARK in h.get("command", "") for h in entry.get("hooks", []))
+def mcp_config_path(agent: str, hooks_path: str) -> str | None:
+    """The agent's user-level file naming its MCP servers."""
+    if agent == "claude-code":  # user scope, as `claude mcp add --scope user` writes it
+        return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~"), ".claude.json")
+    if agent == "gemini":
+        return hooks_path  # one settings.json holds both
+    if agent == "cursor":
+        return os.path.join(os.path.dirname(hooks_path), "mcp.json")
+    if agent == "codex":  # [mcp_servers.NAME] tables beside hooks.json
+        return os.path.join(os.path.dirname(hooks_path), "config.toml")
+    return None
+
+
+def _is_ours(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    if HOOK_MARK in str(entry.get("command", "")):  # Cursor's entries are the commands
+        return True
+    hooks = entry.get("hooks")
+    return isinstance(hooks, list) and any(isinstance(h, dict) and HOOK_MARK in str(h.get("command", ""))
+                                           for h in hooks)
 
 
 def _read_settings(path: str) -> dict[str, Any]:
@@ -176,6 +252,27 @@ def _write_settings(path: str, settings: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _member(obj: dict[str, Any], key: str, kind: type, path: str) -> Any:
+    """obj[key], made empty if missing; a value of another type is the user's to fix."""
+    value = obj.setdefault(key, kind())
+    if not isinstance(value, kind):
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path}: {key!r} is not a JSON {'object' if kind is dict else 'array'}: fix it first")
+    return value
+
+
+def _hook_entry(agent: str, event: str, command: str) -> dict[str, Any]:
+    if agent == "cursor":
+        return {"command": command}  # (its timeout's unit is not documented clearly: its default)
+    hook: dict[str, Any] = {"type": "command", "command": command, "timeout": 10}
+    if agent == "gemini":
+        hook.update(name="overlayckpt", timeout=10_000)  # milliseconds; no matcher: every tool
+    entry: dict[str, Any] = {"hooks": [hook]}
+    if agent in ("claude-code", "codex") and event in TOOL_EVENTS:
+        entry["matcher"] = "*"
+    return entry
+
+
 def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     """Add our hooks to the agent's settings (hooks) file at path, keeping everything there.
 
@@ -185,21 +282,52 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     see it. Outside a mount the hook finds no mount and exits 0 at once.
     """
     settings = _read_settings(path)
-    hooks = settings.setdefault("hooks", {})
+    if agent == "cursor":
+        settings.setdefault("version", 1)
+    hooks = _member(settings, "hooks", dict, path)
     # Every hook stays synchronous (no "async": true): the conversation is kept in the
     # order its lines arrive, and a call's line must land before its changes, its result
     # before the next call (parallel tool calls are milliseconds apart), a prompt before
     # the first call it causes; `claude -p` may exit before a background Stop hook ends.
     # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
     for event in AGENT_EVENTS[agent]:
-        entries = hooks.setdefault(event, [])
+        entries = _member(hooks, event, list, path)
         if not any(_is_ours(e) for e in entries):
-            entry: dict[str, Any] = {"hooks": [{"type": "command", "command": command, "timeout": 10}]}
-            if event in TOOL_EVENTS:
-                entry["matcher"] = "*"
-            entries.append(entry)
+            entries.append(_hook_entry(agent, event, command))
     _write_settings(path, settings)
     return path
+
+
+def _drop_our_hooks(settings: dict[str, Any]) -> bool:
+    """Take our entries out of settings["hooks"]; True if any were there."""
+    hooks = settings.get("hooks")
+    if not isinstance(hooks, dict):
+        return False
+    changed = False
+    for event, entries in list(hooks.items()):
+        if not isinstance(entries, list):
+            continue  # e.g. an "enabled" flag
+        kept = [e for e in entries if not _is_ours(e)]
+        if len(kept) != len(entries):
+            changed = True
+            if kept:
+                hooks[event] = kept
+            else:
+                del hooks[event]
+    if changed and not hooks:
+        del settings["hooks"]
+    return changed
+
+
+def uninstall_hooks(path: str) -> bool:
+    """Take our hooks out of the agent's hooks file, keeping the rest; True if it changed."""
+    if not os.path.exists(path):
+        return False
+    settings = _read_settings(path)
+    if not _drop_our_hooks(settings):
+        return False
+    _write_settings(path, settings)
+    return True
 
 
 def remove_project_hooks(project: str) -> str | None:
@@ -208,27 +336,80 @@ def remove_project_hooks(project: str) -> str | None:
     Returns the path if it changed."""
     path = os.path.join(project, ".claude", "settings.local.json")
     try:
-        settings = _read_settings(path)
+        return path if uninstall_hooks(path) else None
     except Exception:
         return None  # not ours to fix
-    hooks = settings.get("hooks")
-    if not isinstance(hooks, dict):
-        return None
-    changed = False
-    for event, entries in list(hooks.items()):
-        kept = [e for e in entries if not (isinstance(e, dict) and _is_ours(e))]
-        if len(kept) != len(entries):
-            changed = True
-            if kept:
-                hooks[event] = kept
-            else:
-                del hooks[event]
-    if not changed:
-        return None
-    if not hooks:
-        del settings["hooks"]
+
+
+CODEX_MCP_TABLE = f"[mcp_servers.{MCP_NAME}]"
+
+
+def _codex_toml(path: str) -> tuple[str, dict[str, Any]]:
+    import tomllib
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        from overlayckpt.errors import UserError
+        raise UserError(f"{path} is not valid TOML ({e}): fix it first") from None
+
+
+def _without_codex_table(text: str) -> str:
+    """text without our [mcp_servers.overlayckpt] table (and its subtables)."""
+    out, ours = [], False
+    for line in text.splitlines(keepends=True):
+        head = line.strip()
+        if head.startswith("["):
+            ours = head == CODEX_MCP_TABLE or head.startswith(CODEX_MCP_TABLE[:-1] + ".")
+        if not ours:
+            out.append(line)
+    return "".join(out).rstrip("\n") + "\n" if out else ""
+
+
+def install_mcp(path: str, python: str, agent: str) -> str:
+    """Register `overlayckpt mcp` in the agent's mcpServers. No --mount: the server finds
+    the mount from the directory the agent starts it in."""
+    if agent == "codex":  # TOML: the table appended as text, so the user's file stays as written
+        text, config = _codex_toml(path)
+        if MCP_NAME in (config.get("mcp_servers") or {}):
+            text = _without_codex_table(text)
+        table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = ["-m", "overlayckpt", "mcp"]\n'
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write((text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
+        os.replace(path + ".tmp", path)
+        return path
+    settings = _read_settings(path)
+    servers = _member(settings, "mcpServers", dict, path)
+    server: dict[str, Any] = {"command": python, "args": ["-m", "overlayckpt", "mcp"]}
+    if agent == "claude-code":
+        server = {"type": "stdio", **server, "env": {}}
+    servers[MCP_NAME] = server
     _write_settings(path, settings)
     return path
+
+
+def uninstall_mcp(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    if path.endswith(".toml"):
+        text, config = _codex_toml(path)
+        if MCP_NAME not in (config.get("mcp_servers") or {}):
+            return False
+        with open(path + ".tmp", "w") as f:
+            f.write(_without_codex_table(text))
+        os.replace(path + ".tmp", path)
+        return True
+    settings = _read_settings(path)
+    servers = settings.get("mcpServers")
+    if not isinstance(servers, dict) or MCP_NAME not in servers:
+        return False
+    del servers[MCP_NAME]
+    _write_settings(path, settings)
+    return True
 
 
 def _claude_result(entry: dict[str, Any], call_id: str) -> bool:
@@ -252,7 +433,7 @@ def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
     for line in reversed(lines):
         path = line.get("transcript_path")
         agent = line.get("agent")
-        if agent in AGENTS and path and os.path.isfile(path):
+        if agent in TRANSCRIPT_AGENTS and path and os.path.isfile(path):
             call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
             if agent == "codex":
                 session, copy = cut_codex_rollout(path, line["time"], call)
