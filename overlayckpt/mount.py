@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 from overlayckpt.core import behind
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 # seconds: what a power cut can cost of writes nobody fsync'd (fsync syncs at once). Short,
 # also because the sync point's pin keeps LMDB from reusing the pages freed since the last
 SYNC_INTERVAL = 1.0
+GIL_SWITCH_INTERVAL = 0.0005  # seconds (see run_daemon)
 RETENTION_EVERY = 150  # sync intervals between retention checks
 WORKERS_WAIT = 0.5  # seconds a stopping daemon waits for its commands' worker threads
 UNMOUNT_HOLD = 2.0  # seconds SIGUSR1 (sent by `unmount`) refuses new commands for
@@ -131,6 +133,10 @@ class Daemon:
 
 def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | None,
                window: float | None, apply_on_exit: bool, allow_other: bool) -> int:
+    # A command's worker thread (log, diff, a restore's preparation) holds the GIL until
+    # the interpreter's switch interval (5 ms) makes it let go: each request the loop's
+    # thread answers meanwhile would wait that long. 0.5 ms bounds the wait to a tenth.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     kernel = Kernel(os.path.abspath(mountpoint))
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,

@@ -64,7 +64,7 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
 
 
-LINE_COUNT_FILES = 400  # files whose lines one log counts, at most (the rest show no counts)
+LINE_COUNT_FILES = 100  # files whose lines one log counts, at most (the rest show no counts)
 
 
 @command("log")
