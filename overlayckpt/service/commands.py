@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -64,7 +65,11 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
 
 
-LINE_COUNT_FILES = 100  # files whose lines one log counts, at most (the rest show no counts)
+# Lines added and removed cost a diff per checkpoint (cached: a checkpoint never changes).
+# One log counts the files of at most LINE_COUNT_FILES, and computes new counts for at
+# most LINE_COUNT_SECONDS: the rest show none this time, and fill in on later calls.
+LINE_COUNT_FILES = 100
+LINE_COUNT_SECONDS = 0.05
 
 
 @command("log")
@@ -86,6 +91,7 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
         budget = LINE_COUNT_FILES  # a checkpoint of 20,000 new files is not diffed for a log
+        until = time.monotonic() + LINE_COUNT_SECONDS
         files_at = Files(s.overlay, r)
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
@@ -101,7 +107,9 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
             if (len(out) < counted and before is not None and entry["files"]
-                    and len(entry["files"]) <= budget):
+                    and len(entry["files"]) <= budget
+                    and ((before.id, ck.id, everything) in s.line_counts
+                         or time.monotonic() < until)):
                 budget -= len(entry["files"])
                 _exact_changes(s, tl, r, before, ck, entry, everything)
             out.append(entry)
