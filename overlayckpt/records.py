@@ -162,6 +162,16 @@ class JournalRecord:
         return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes),
                    tuple((u[0], u[1], u[2]) for u in undo))
 
+    @classmethod
+    def unpack_head(cls, seq: int, raw: bytes) -> "JournalRecord":
+        """Everything but the undo entries (left empty): what the log shows, without
+        building the tens of thousands of entries a restore's record may hold."""
+        unpacker = msgpack.Unpacker(unicode_errors="surrogateescape")
+        unpacker.feed(raw)
+        unpacker.read_array_header()
+        t, pid, comm, op, paths, changes = (unpacker.unpack() for _ in range(6))
+        return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes), ())
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:

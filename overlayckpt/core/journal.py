@@ -124,14 +124,16 @@ def ensure_origin_checkpoint(w: WriteTxn) -> None:
         w.put(CKPTS, u64(0), ck.pack())
 
 
-def records(r: ReadTxn, start: int, end: int) -> list[JournalRecord]:
-    """Journal records with start <= seq < end, oldest first."""
+def records(r: ReadTxn, start: int, end: int, undo: bool = True) -> list[JournalRecord]:
+    """Journal records with start <= seq < end, oldest first (without undo entries: only
+    who, what and where)."""
+    unpack = JournalRecord.unpack if undo else JournalRecord.unpack_head
     out = []
     for k, v in r.range_from(JOURNAL, u64(start)):
         seq = from_u64(k)
         if seq >= end:
             break
-        out.append(JournalRecord.unpack(seq, v))
+        out.append(unpack(seq, v))
     return out
 
 

@@ -68,7 +68,7 @@ class Files:
 
 def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) -> dict[str, Any]:
     """files_at: to name git operations from git's own records (without it: from paths)."""
-    recs = records(r, ck.start_seq, ck.seq)
+    recs = records(r, ck.start_seq, ck.seq, undo=False)
     files = collapse(recs)
     summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
     if ck.kind == "restore":
