@@ -110,8 +110,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     result = _target(args).call(cmd)
     for w in result.get("warnings", []):
         print(f"overlayckpt: warning: {w}", file=sys.stderr)
-    if result.get("claude_resume") and not args.json:
-        print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
+    if result.get("resume") and not args.json:
+        print(f"agent transcript cut back to this checkpoint; continue with: {result['resume']}")
     return _emit(args, result, lambda r: f"restored checkpoint {r['restored']} ({r['what']}) "
                                          f"as checkpoint {r['id']}")
 
@@ -171,8 +171,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     result = app.run()
     if result:
         print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
-        if result.get("claude_resume"):
-            print(f"Claude Code transcript cut back to this checkpoint: {result['claude_resume']}")
+        if result.get("resume"):
+            print(f"agent transcript cut back to this checkpoint; continue with: {result['resume']}")
     return 0
 
 
