@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from bench.hook import timed
+from bench.hook import report, timed
 
 
 def main() -> int:
@@ -47,10 +45,7 @@ def main() -> int:
                     times[name].append(timed(argv, b"", mnt))
         finally:
             subprocess.run(cli + ["unmount", mnt, "--no-apply"], check=False)
-    for name, xs in times.items():
-        xs.sort()
-        print(f"{name:16} p50 {statistics.median(xs) * 1e3:6.1f} ms   "
-              f"p90 {xs[int(len(xs) * 0.9)] * 1e3:6.1f} ms   ({len(xs)} runs, alternated)")
+    report(times)
     return 0
 
 

@@ -31,6 +31,14 @@ def timed(argv: list[str], stdin: bytes, cwd: str) -> float:
     return time.perf_counter() - start
 
 
+def report(times: dict[str, list[float]]) -> None:
+    """Median and p90 of each command's alternated runs, in milliseconds."""
+    for name, xs in times.items():
+        xs.sort()
+        print(f"{name:16} p50 {statistics.median(xs) * 1e3:6.1f} ms   "
+              f"p90 {xs[int(len(xs) * 0.9)] * 1e3:6.1f} ms   ({len(xs)} runs, alternated)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=30)
@@ -56,10 +64,7 @@ def main() -> int:
         finally:
             subprocess.run(cli + ["unmount", mnt, "--no-apply"], check=False)
     assert logged == args.runs, f"the hook logged {logged} lines of {args.runs}"
-    for name, xs in times.items():
-        xs.sort()
-        print(f"{name:16} p50 {statistics.median(xs) * 1e3:6.1f} ms   "
-              f"p90 {xs[int(len(xs) * 0.9)] * 1e3:6.1f} ms   ({len(xs)} runs, alternated)")
+    report(times)
     return 0
 
 

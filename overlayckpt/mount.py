@@ -35,7 +35,7 @@ from overlayckpt.fuse.ops import Operations
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.service.session import Session
-from overlayckpt.service.workers import wait_idle
+from overlayckpt.core.workers import wait_idle
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.fuse.views import CheckpointViews
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,29 @@ def make_repo(path: Path) -> Path:
     (path / "link").symlink_to("README.md")
     os.link(path / "README.md", path / "hardlink.md")
     return path
+
+
+@pytest.fixture
+def model() -> Iterator[Any]:
+    """A scripted model server (agent_server.py) for one test of a real agent CLI."""
+    from agent_server import ScriptedModel
+    server = ScriptedModel()
+    yield server
+    server.close()
+
+
+def conversation(m: "Mount") -> list[dict]:
+    """The mount's conversation sidecar, line by line."""
+    return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
+
+
+def summaries(m: "Mount") -> dict[str, str]:
+    """Each changed path -> the summary of the newest checkpoint that changed it."""
+    out: dict[str, str] = {}
+    for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):
+        for f in c["files"]:
+            out[f["path"]] = c["summary"]
+    return out
 
 
 @dataclass

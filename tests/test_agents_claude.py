@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,6 @@ from conftest import Mount, run_cli
 @pytest.fixture(scope="module")
 def claude() -> Path:
     return agent_cli("claude")
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    server = ScriptedModel()
-    yield server
-    server.close()
 
 
 def run_claude(claude: Path, model: ScriptedModel, home: Path, cwd: Path, *args: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from conftest import Mount, run_cli
 @pytest.fixture(scope="module")
 def codex() -> Path:
     return agent_cli("codex")
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    server = ScriptedModel()
-    yield server
-    server.close()
 
 
 def patch(*lines: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, Mount, run_cli
+from conftest import CLI, Mount, conversation, run_cli, summaries
 
 # Recorded Claude Code hook events (field names as Claude Code sends them).
 EVENTS = {
@@ -127,10 +127,6 @@ def test_concurrent_appenders_keep_every_line_whole(mounted: Mount) -> None:
         assert mine == [f"{n}-{i}" for i in range(50)]
 
 
-def conversation(m: Mount) -> list[dict]:
-    return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
-
-
 def test_claude_code_hook_events(mounted: Mount) -> None:
     for event in EVENTS.values():
         hook(mounted, event)
@@ -155,15 +151,6 @@ def test_stop_without_its_message_keeps_the_placeholder(mounted: Mount) -> None:
 def writes(m: Mount, name: str, text: str) -> None:
     """A write by a process of its own (a separate checkpoint from the test's)."""
     subprocess.run(["sh", "-c", f"printf '{text}' > {name}"], cwd=m.mnt, check=True, timeout=30)
-
-
-def summaries(m: Mount) -> dict[str, str]:
-    """Each changed path -> the summary of the newest checkpoint that changed it."""
-    out: dict[str, str] = {}
-    for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):
-        for f in c["files"]:
-            out[f["path"]] = c["summary"]
-    return out
 
 
 def test_a_turns_last_message_sums_up_its_changes_not_the_next(mounted: Mount) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import CLI, Mount, run_cli
+from conftest import CLI, Mount, conversation, run_cli, summaries
 
 
 def gemini_events(cwd: str) -> list[dict[str, Any]]:
@@ -56,18 +56,6 @@ def hook(agent: str, event: dict[str, Any], cwd: Path) -> None:
                           capture_output=True, cwd=str(cwd), timeout=30)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert json.loads(proc.stdout) == {}  # both agents read a JSON answer: allow
-
-
-def conversation(m: Mount) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
-
-
-def summaries(m: Mount) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):
-        for f in c["files"]:
-            out[f["path"]] = c["summary"]
-    return out
 
 
 def test_gemini_events_are_the_conversation(mounted: Mount) -> None:

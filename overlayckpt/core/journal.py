@@ -50,8 +50,8 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     group = _open_group(w)
     if group is not None:
         start, pid, last, head = group
-        held = w.get(META, CALL_KEY) is not None
-        if window <= 0 or not held and (pid != caller.pid or t - last > window * 1e9):
+        ends = pid != caller.pid or t - last > window * 1e9
+        if window <= 0 or ends and w.get(META, CALL_KEY) is None:  # (held while a call runs)
             _close_group(w, seq, start, last, pid, head)
             group = None
     start = seq if group is None else group[0]
@@ -80,7 +80,7 @@ def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
                  conv_head: int | None) -> Checkpoint:
     w.delete(META, GROUP_KEY)
     first = w.get(JOURNAL, u64(start))
-    comm = JournalRecord.unpack(start, first).comm if first else ""
+    comm = JournalRecord.unpack_head(start, first).comm if first else ""
     return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
                           conv_head=conv_head)
 

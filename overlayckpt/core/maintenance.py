@@ -6,7 +6,7 @@ entries. gc deletes only blocks that none of them names, in one write
 transaction, so a crash leaves either the old or the new set, never a
 dangling reference. Its scan (gc_plan) and thinning's merges (thin_plan,
 merge_records) read a snapshot in any thread; what they write (gc_apply,
-apply_merge) is short and runs on the writer's thread (thin_off_loop).
+apply_merge) is short and runs on the writer's thread (thin).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import trio
 
 from overlayckpt.core import history
 from overlayckpt.core.journal import records
+from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
 )
@@ -242,28 +243,17 @@ def apply_merge(w: WriteTxn, m: Merge, merged: JournalRecord | None) -> int:
     return gone
 
 
-def thin(store: Store, budget: int) -> dict[str, Any]:
-    """thin_plan and its slices, then gc if anything went (offline: all on this thread)."""
-    thinned = 0
-    for m in store.read(lambda r: thin_plan(r, budget)):
-        thinned += store.write(lambda w, m=m: apply_merge(w, m, merge_records(w, m)))
-    result: dict[str, Any] = {"thinned": thinned}
-    if thinned:
-        result.update(gc(store))
-    return result
-
-
-async def thin_off_loop(store: Store, budget: int, then_gc: bool = False) -> dict[str, Any]:
+async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, Any]:
     """thin (and gc) with every scan in a worker thread and each write a short slice on
     the calling (writer's) thread, so the requests of a mount are served in between."""
     thinned = 0
-    for m in await trio.to_thread.run_sync(store.read, lambda r: thin_plan(r, budget)):
-        merged = await trio.to_thread.run_sync(store.read, lambda r, m=m: merge_records(r, m))
+    for m in await read_off_loop(store, lambda r: thin_plan(r, budget)):
+        merged = await read_off_loop(store, lambda r, m=m: merge_records(r, m))
         thinned += store.write(lambda w, m=m, merged=merged: apply_merge(w, m, merged))
         await trio.sleep(0)
     result: dict[str, Any] = {"thinned": thinned}
     if thinned or then_gc:
-        plan = await trio.to_thread.run_sync(store.read, gc_plan)
+        plan = await read_off_loop(store, gc_plan)
         result.update(store.write(lambda w: gc_apply(w, plan)))
     return result
 

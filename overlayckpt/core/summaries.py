@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from overlayckpt.core.conversation import summary_before
+from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.journal import records
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
@@ -54,7 +55,6 @@ class Files:
 
     def read(self, seq: int, path: str, offset: int = 0, limit: int = TAIL) -> tuple[int, bytes] | None:
         """(size, up to limit bytes from offset) of path at seq; None if not a file there."""
-        from overlayckpt.core.timeline import AtCheckpoint  # (timeline builds on this module's peers)
         state = AtCheckpoint(self.r, seq)
         try:
             ino = self.tree.resolve(state, path)

@@ -12,15 +12,15 @@ the kernel's caches of exactly the inodes and names it changed.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from overlayckpt.core import history
+from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
+from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
@@ -37,40 +37,6 @@ WARN_GROUPS = 1000
 
 
 Delta = dict[tuple[bytes, bytes], "bytes | None"]
-
-
-class AtCheckpoint:
-    """The tables as they were at journal position seq: the history index over a live view.
-
-    Opening one costs nothing; each read costs one index lookup more than a live read.
-    """
-
-    def __init__(self, r: ReadTxn, seq: int) -> None:
-        self.r = r
-        self.seq = seq
-
-    def get(self, table: bytes, key: bytes) -> bytes | None:
-        code = TABLE_CODES.get(table)
-        if code is not None:
-            found, value = history.value_at(self.r, code, key, self.seq)
-            if found:
-                return value
-        return self.r.get(table, key)
-
-    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        code = TABLE_CODES.get(table)
-        if code is None:
-            return self.r.prefix(table, prefix)
-        items = dict(self.r.prefix(table, prefix))
-        for key, value in history.versions_under(self.r, code, prefix, self.seq):
-            if value is None:
-                items.pop(key, None)
-            else:
-                items[key] = value
-        return iter(sorted(items.items()))
-
-    def block(self, digest: bytes) -> bytes:
-        return self.r.block(digest)
 
 
 def delta_since(r: ReadTxn, seq: int) -> Delta:
@@ -95,6 +61,21 @@ def keys_between(r: ReadTxn, lo: int, hi: int | None) -> set[tuple[bytes, bytes]
         for table, key, _ in rec.undo:
             out.add((TABLE_NAMES[table], key))
     return out
+
+
+def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, bytes], bytes | None],
+               keys: Iterable[tuple[bytes, bytes]]) -> tuple[Delta, set[int]]:
+    """Of keys, those whose values differ between two states (a and b read them), with
+    their value in b; and the inodes that have a node record in one of the two only."""
+    out: Delta = {}
+    one_sided: set[int] = set()
+    for table, key in keys:
+        va, vb = a(table, key), b(table, key)
+        if va != vb:
+            out[(table, key)] = vb
+            if table == NODES and (va is None or vb is None):
+                one_sided.add(from_u64(key))
+    return out, one_sided
 
 
 def _under(path: str, wanted: list[str]) -> bool:
@@ -198,8 +179,8 @@ class Timeline:
         code = what in ("code", "both")
         if code:
             await self.ctx.flush_kernel()
-        prep = await trio.to_thread.run_sync(
-            self.store.read, lambda r: self._prepare(r, self.get(r, ref), paths, code))
+        prep = await read_off_loop(self.store,
+                                   lambda r: self._prepare(r, self.get(r, ref), paths, code))
         changed: list[tuple[bytes, bytes]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
@@ -252,14 +233,7 @@ class Timeline:
         warnings: list[str] = []
         if paths is not None:
             delta, warnings = self._select(r, target, delta, paths)
-        writes: Delta = {}
-        one_sided: set[int] = set()
-        for (table, key), value in delta.items():
-            current = r.get(table, key)
-            if current != value:
-                writes[(table, key)] = value
-                if table == NODES and (current is None or value is None):
-                    one_sided.add(from_u64(key))
+        writes, one_sided = _differing(r.get, lambda t, k: delta[(t, k)], delta)
         files = self._file_changes(r, AtCheckpoint(r, target.seq), set(writes), one_sided,
                                    content=False)
         if paths is not None:
@@ -366,15 +340,8 @@ class Timeline:
         """What differs between the trees at a and b (None: live), path by path."""
         sa, sb = self.state(r, a), self.state(r, b)
         lo, hi = sorted((a.seq, b.seq if b else next_seq(r)))
-        keys: set[tuple[bytes, bytes]] = set()
-        one_sided: set[int] = set()
-        for t, k in keys_between(r, lo, hi):
-            va, vb = sa.get(t, k), sb.get(t, k)
-            if va != vb:
-                keys.add((t, k))
-                if t == NODES and (va is None or vb is None):
-                    one_sided.add(from_u64(k))
-        out = self._file_changes(sa, sb, keys, one_sided, content=True)
+        differ, one_sided = _differing(sa.get, sb.get, keys_between(r, lo, hi))
+        out = self._file_changes(sa, sb, set(differ), one_sided, content=True)
         if only:
             out = [c for c in out if _under(c.path, only)]
         return out

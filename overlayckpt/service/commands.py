@@ -8,8 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 
 from overlayckpt.errors import FsError, UserError
@@ -20,19 +19,9 @@ from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
-from overlayckpt.service.workers import off_loop
+from overlayckpt.core.workers import off_loop, read_off_loop
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.core.timeline import Timeline
-
-T = TypeVar("T")
-
-
-async def _off_loop(s: Session, fn: Callable[[ReadTxn], T]) -> T:
-    """Read-only work (diffs, line counts, a whole-store check) in a worker thread, in a
-    read view of its own: the mount's requests are served meanwhile. (LMDB readers may
-    run beside the writer; writes stay on the loop's thread.) A daemon that stops
-    cancels it (workers.py)."""
-    return await off_loop(s.store, lambda store: store.read(fn))
 
 
 def _caller() -> Caller:
@@ -115,7 +104,7 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
-    return await _off_loop(s, fn)
+    return await read_off_loop(s.store, fn)
 
 
 def _exact_changes(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
@@ -206,7 +195,7 @@ async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         if not cmd.get("stat"):
             result["patch"] = render(changes)
         return result
-    return await _off_loop(s, fn)
+    return await read_off_loop(s.store, fn)
 
 
 @command("show")
@@ -236,7 +225,7 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
                   "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)
                  if cmd.get("all") or not is_internal(p)]
         return {"id": ck.id, "files": files}
-    return await _off_loop(s, fn)
+    return await read_off_loop(s.store, fn)
 
 
 @command("apply", durable=True)

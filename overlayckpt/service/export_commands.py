@@ -12,7 +12,7 @@ import trio
 from overlayckpt.errors import UserError
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
-from overlayckpt.service.workers import off_loop
+from overlayckpt.core.workers import off_loop
 from overlayckpt.export.bundle import write_bundle
 from overlayckpt.export.exporter import GitExport
 from overlayckpt.export.gitnames import session_name

@@ -18,7 +18,7 @@ import trio
 
 from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
 from overlayckpt.core.lower import Lower
-from overlayckpt.core.maintenance import thin_off_loop
+from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import UserError
 from overlayckpt.service.registry import COMMANDS, DURABLE, command
@@ -116,7 +116,7 @@ class Session:
     async def maintain(self, budget: int, then_gc: bool = False) -> dict[str, Any]:
         """Thin over budget (and gc), scanning off the request loop (maintenance.py)."""
         async with self._maintenance:
-            return await thin_off_loop(self.store, budget, then_gc)
+            return await thin(self.store, budget, then_gc)
 
     def close(self) -> None:
         self.lower.close()

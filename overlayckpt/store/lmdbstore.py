@@ -63,7 +63,7 @@ class ReadTxn:
     def __init__(self, store: "Store", txn: "lmdb.Transaction") -> None:
         self.store = store
         self.txn = txn
-        self._cursors: dict[bytes, "lmdb.Cursor"] = {}  # seek's, one per table
+        self._cursors: dict[bytes, "lmdb.Cursor"] = {}  # seek's and seek_before's, one per table
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.txn.get(key, db=self.store.dbs[table])
@@ -101,10 +101,20 @@ class ReadTxn:
 
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
-        cur = self._cursors.get(table)
-        if cur is None:  # (set_range places it anew each time, whatever was written since)
-            cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
+        cur = self._cursor(table)
         return cur.item() if cur.set_range(key) else None
+
+    def seek_before(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
+        """The last entry with a key < key, or None."""
+        cur = self._cursor(table)
+        found = cur.prev() if cur.set_range(key) else cur.last()
+        return cur.item() if found else None
+
+    def _cursor(self, table: bytes) -> "lmdb.Cursor":
+        cur = self._cursors.get(table)
+        if cur is None:  # (each seek places it anew, whatever was written since)
+            cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
+        return cur
 
     def block(self, digest: bytes) -> bytes:
         if digest == ZERO_BLOCK:

@@ -189,7 +189,7 @@ def test_gc_removes_an_unreferenced_block(session: Session) -> None:
     assert session.store.read(lambda r: r.get(b"blocks", digest)) is None
 
 
-def test_thin_drops_old_automatic_checkpoints_and_keeps_named_ones(session: Session) -> None:
+async def test_thin_drops_old_automatic_checkpoints_and_keeps_named_ones(session: Session) -> None:
     ov = session.overlay
     many_versions(session, 3)
     Timeline(session).checkpoint("keep", None, ME)
@@ -198,8 +198,8 @@ def test_thin_drops_old_automatic_checkpoints_and_keeps_named_ones(session: Sess
     tl = Timeline(session)
     before = session.store.read(tl.all)
     blocks_before = session.store.read(lambda r: r.count(b"blocks"))
-    assert thin(session.store, 10**12) == {"thinned": 0}  # under budget: nothing
-    result = thin(session.store, 0)
+    assert await thin(session.store, 10**12) == {"thinned": 0}  # under budget: nothing
+    result = await thin(session.store, 0)
     assert result["thinned"] > 0 and result["removed_blocks"] > 0
     after = session.store.read(tl.all)
     assert len(after) == len(before) - result["thinned"]
@@ -223,7 +223,7 @@ async def test_restore_after_thin_is_exact(session: Session) -> None:
     Timeline(session).checkpoint("mid", None, ME)
     at_mid = tree_of(ov)
     many_versions(session, 4, first=50)
-    thin(session.store, 0)
+    await thin(session.store, 0)
     await Timeline(session).restore("mid", ME)
     assert tree_of(ov) == at_mid
 

@@ -84,7 +84,7 @@ async def _random_history(s: Session, seed: int, steps: int = 300) -> dict[int, 
             await tl.restore(rng.choice(cks).id, ME)
             record(before)
         if i == steps // 2:
-            thin(s.store, 0)
+            await thin(s.store, 0)
     tl.seal()
     for ck in s.store.read(tl.all):
         recorded.setdefault(ck.id, tree_of(s.overlay))

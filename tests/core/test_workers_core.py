@@ -8,7 +8,7 @@ import trio
 
 from overlayckpt.errors import Stopped
 from overlayckpt.service.session import Session
-from overlayckpt.service.workers import off_loop, wait_idle
+from overlayckpt.core.workers import off_loop, wait_idle
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.tables import META
 

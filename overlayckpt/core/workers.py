@@ -104,6 +104,11 @@ async def off_loop(store: Store, fn: Callable[[Store], T]) -> T:
         raise
 
 
+async def read_off_loop(store: Store, fn: Callable[[ReadTxn], T]) -> T:
+    """fn in a read view of its own, in a worker thread: off_loop of one store.read."""
+    return await off_loop(store, lambda worker_store: worker_store.read(fn))
+
+
 def wait_idle(timeout: float) -> bool:
     """Wait until no worker runs a command's function, at most timeout seconds."""
     deadline = time.monotonic() + timeout
