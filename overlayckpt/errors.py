@@ -32,5 +32,9 @@ class StoreDamaged(UserError):
     """The store failed verification: refused, never served."""
 
 
+class ReaderFailed(Exception):
+    """A reader process (service/reader.py) died, or failed with what is not a user's mistake."""
+
+
 def enoent(msg: str = "") -> FsError:
     return FsError(errno.ENOENT, msg)

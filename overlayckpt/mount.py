@@ -35,6 +35,7 @@ from overlayckpt.fuse.ops import Operations
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.service.session import Session
+from overlayckpt.service.reader import Readers
 from overlayckpt.core.workers import wait_idle
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.fuse.views import CheckpointViews
@@ -127,6 +128,8 @@ class Daemon:
             nursery.start_soon(self._sync_loop)
             nursery.start_soon(self._retention_loop)
             nursery.start_soon(self._signals)
+            if self.session.readers is not None:
+                nursery.start_soon(self.session.readers.warm)
             await pyfuse3.main(min_tasks=2, max_tasks=16)
             nursery.cancel_scope.cancel()
 
@@ -142,6 +145,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
                            warm=kcache.warm_tree, kernel_status=kernel_status)
+    session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
@@ -161,6 +165,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     try:
         trio.run(daemon.serve)
     finally:
+        session.readers.close()
         pyfuse3.close(unmount=True)
         result: dict[str, Any] = {"applied": False}
         try:

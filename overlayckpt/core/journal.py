@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from overlayckpt.core import history
+from overlayckpt.core import groupfiles, history
 from overlayckpt.records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
@@ -58,6 +58,7 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
     history.record(w, start, seq, undo)
+    groupfiles.record(w, start, paths, changes)
     w.set_meta_int(SEQ_KEY, seq + 1)
     # the conversation as it was at the group's latest change: what the agent said
     # after it (the call's result, the next call) is not part of this checkpoint
@@ -149,6 +150,7 @@ def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     rec = JournalRecord(seq, now_ns(), caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
     history.record(w, seq, seq, undo)
+    groupfiles.record(w, seq, paths, changes)
     w.set_meta_int(SEQ_KEY, seq + 1)
     return new_checkpoint(w, seq + 1, seq, kind, None, None, caller.pid, caller.comm,
                           restored_from=restored_from)

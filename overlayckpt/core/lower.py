@@ -101,10 +101,12 @@ class Lower:
     """The repo as it was when the session first saw it."""
 
     def __init__(self, root: str, pins: PinLookup | None = None,
-                 warm: Callable[[int], bool] | None = None) -> None:
+                 warm: Callable[[int], bool] | None = None, fd: int | None = None) -> None:
+        """fd: the repo's directory, opened already (a mount in place hides its path)."""
         self.root_path = os.path.abspath(root)
         try:
-            self.fd = os.open(self.root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = fd if fd is not None else os.open(
+                self.root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
             raise FsError(e.errno or errno.EIO, f"cannot open repo {root}: {e.strerror}") from None
         self.pins = pins

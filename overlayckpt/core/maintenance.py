@@ -5,7 +5,7 @@ of the journal (previous content that history needs), and pinned lower
 entries. gc deletes only blocks that none of them names, in one write
 transaction, so a crash leaves either the old or the new set, never a
 dangling reference. Its scan (gc_plan) and thinning's merges (thin_plan,
-merge_records) read a snapshot in any thread; what they write (gc_apply,
+merge_slice) read a snapshot in any thread; what they write (gc_apply,
 apply_merge) is short and runs on the writer's thread (thin).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import blake3
 import trio
 
-from overlayckpt.core import history
+from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import records
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
@@ -25,8 +25,8 @@ from overlayckpt.records import (
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import (
-    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DIRENTS, HISTORY_KEY, JOURNAL, META, NAMES, NODES, PINNED,
-    SEQ_KEY,
+    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DERIVED_KEYS, DIRENTS, GROUPFILES, JOURNAL, META, NAMES,
+    NODES, PINNED, SEQ_KEY,
 )
 
 
@@ -90,11 +90,13 @@ def fsck(store: Store) -> dict[str, Any]:
 
 
 def _history_problems(r: ReadTxn) -> list[str]:
-    """Where the history index disagrees with the journal (a missing index is rebuilt at open)."""
-    if not history.is_built(r):
-        return []
+    """Where the history index or the file rows disagree with the journal (missing ones
+    are rebuilt at open)."""
+    expected = history.expected(r) if history.is_built(r) else {}
+    if groupfiles.is_built(r):
+        expected[GROUPFILES] = groupfiles.expected(r)
     out = []
-    for table, want in history.expected(r).items():
+    for table, want in expected.items():
         have = dict(r.range_from(table))
         if have != want:
             missing, extra = len(want.keys() - have.keys()), len(have.keys() - want.keys())
@@ -203,8 +205,21 @@ def thin_plan(r: ReadTxn, budget: int) -> list[Merge]:
     return slices
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Merged:
+    """What a slice writes: its one record (None: it holds fewer than 2) and the file
+    rows of the one group its groups become (groupfiles.py)."""
+    record: JournalRecord | None
+    rows: dict[str, str]
+
+
+def merge_slice(r: ReadTxn, m: Merge) -> Merged:
+    """What a slice becomes (read-only: any thread)."""
+    return Merged(merge_records(r, m), groupfiles.rows_of(r, m.lo, m.hi))
+
+
 def merge_records(r: ReadTxn, m: Merge) -> JournalRecord | None:
-    """The one record a slice becomes (read-only: any thread), or None if it holds < 2."""
+    """The one record a slice becomes, or None if it holds < 2."""
     recs = records(r, m.lo, m.hi)
     if len(recs) < 2:
         return None
@@ -221,8 +236,10 @@ def merge_records(r: ReadTxn, m: Merge) -> JournalRecord | None:
                          tuple(paths), tuple(changes), tuple((t, k, v) for (t, k), v in first.items()))
 
 
-def apply_merge(w: WriteTxn, m: Merge, merged: JournalRecord | None) -> int:
-    """Write one slice: the merged record, the index, the checkpoints. Returns how many went."""
+def apply_merge(w: WriteTxn, m: Merge, done: Merged) -> int:
+    """Write one slice: the merged record, the indexes, the checkpoints. Returns how many went."""
+    merged = done.record
+    groupfiles.replace(w, m.lo, m.hi, m.lo, done.rows)
     if merged is not None:
         for k, _ in list(w.range_from(JOURNAL, u64(m.lo))):
             if from_u64(k) >= m.hi:
@@ -248,8 +265,8 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
     the calling (writer's) thread, so the requests of a mount are served in between."""
     thinned = 0
     for m in await read_off_loop(store, lambda r: thin_plan(r, budget)):
-        merged = await read_off_loop(store, lambda r, m=m: merge_records(r, m))
-        thinned += store.write(lambda w, m=m, merged=merged: apply_merge(w, m, merged))
+        done = await read_off_loop(store, lambda r, m=m: merge_slice(r, m))
+        thinned += store.write(lambda w, m=m, done=done: apply_merge(w, m, done))
         await trio.sleep(0)
     result: dict[str, Any] = {"thinned": thinned}
     if thinned or then_gc:
@@ -279,8 +296,10 @@ def repair(store: Store) -> dict[str, Any]:
                 w.delete(NAMES, name)
                 dropped.append(f"name {name.decode(errors='replace')}")
         if _history_problems(w):
-            w.delete(META, HISTORY_KEY)
+            for key in DERIVED_KEYS:
+                w.delete(META, key)
             history.ensure(w)
+            groupfiles.ensure(w)
             dropped.append("the history index (rebuilt from the journal)")
         return {"dropped": dropped}
     return store.write(fn)

@@ -20,7 +20,7 @@ from typing import TypeVar
 import trio
 
 from overlayckpt.errors import FsError
-from overlayckpt.core import history
+from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
 from overlayckpt.records import (
@@ -28,7 +28,7 @@ from overlayckpt.records import (
     T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
     dirent_key, from_u64, pack_obj, u64, xattr_key,
 )
-from overlayckpt.store.lmdbstore import Store, WriteTxn
+from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
 from overlayckpt.core.tree import Tree
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
@@ -91,9 +91,13 @@ class Overlay(Tree):
         super().__init__(lower, store.block_size)
         self.store = store
         self.window = window
+        if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
+            return
         store.write(ensure_origin_checkpoint)
         if store.read(lambda r: not history.is_built(r)):
             store.write(history.ensure)  # format 1, imported or recovered: one pass over the journal
+        if store.read(lambda r: not groupfiles.is_built(r)):
+            store.write(groupfiles.ensure)  # (the same, and format 2)
 
     # -- plumbing -------------------------------------------------------------
 

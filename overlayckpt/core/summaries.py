@@ -8,7 +8,7 @@ from typing import Any
 
 from overlayckpt.core.conversation import summary_before
 from overlayckpt.core.history import AtCheckpoint
-from overlayckpt.core.journal import records
+from overlayckpt.core import groupfiles
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, iso_time
@@ -22,29 +22,6 @@ TAIL = 64 * 1024  # of a file git appends to: the newest lines are what a checkp
 def is_internal(path: str) -> bool:
     """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
     return ".git" in path.split("/")
-
-
-def collapse(recs: list[Any]) -> list[dict[str, str]]:
-    """Per path, the net change of a run of journal records (A M D R)."""
-    net: dict[str, str] = {}
-    for rec in recs:
-        for path, change in zip(rec.paths, rec.changes):
-            if change == "<":
-                before = net.pop(path, None)
-                net[path] = "D" if before != "A" else "gone"
-                continue
-            before = net.get(path)
-            if before == "A" and change == "D":
-                net[path] = "gone"
-            elif before in ("A",) and change in ("M", "R"):
-                pass
-            elif before == "D" and change in ("A", "R"):
-                net[path] = "M"
-            elif before == "gone" and change == "A":
-                net[path] = "A"
-            else:
-                net[path] = change if before is None or change != "M" else before
-    return [{"path": p, "change": c} for p, c in sorted(net.items()) if c != "gone"]
 
 
 class Files:
@@ -68,8 +45,7 @@ class Files:
 
 def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) -> dict[str, Any]:
     """files_at: to name git operations from git's own records (without it: from paths)."""
-    recs = records(r, ck.start_seq, ck.seq, undo=False)
-    files = collapse(recs)
+    files = groupfiles.files(r, ck)
     summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
     if ck.kind == "restore":
         summary = f"restored checkpoint {ck.restored_from}"

@@ -32,7 +32,7 @@ import zstandard
 from overlayckpt.errors import UserError
 from overlayckpt.records import FORMAT_VERSION, iso_time
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, TABLES
+from overlayckpt.tables import DERIVED_KEYS, DERIVED_TABLES, FORMAT_KEY, META, TABLES
 from overlayckpt.export.identity import (
     identities, lower_files, lower_identity, lower_links, seen_files,
 )
@@ -41,7 +41,7 @@ from overlayckpt.export.identity import (
 BUNDLE_MAGIC = "overlayckpt-bundle"
 BUNDLE_VERSION = 1
 # the history index is derived from the journal: import rebuilds it instead
-BUNDLE_TABLES = tuple(t for t in TABLES if t not in HISTORY_TABLES)
+BUNDLE_TABLES = tuple(t for t in TABLES if t not in DERIVED_TABLES)
 _FLUSH = 1 << 20
 
 def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
                 for ti, table in enumerate(BUNDLE_TABLES):
                     n = 0
                     for k, v in r.range_from(table):
-                        if (table, k) == (META, HISTORY_KEY):
+                        if table == META and k in DERIVED_KEYS:
                             continue
                         buf += packer.pack([ti, k, v])
                         n += 1

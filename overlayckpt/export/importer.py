@@ -12,12 +12,12 @@ import blake3
 from overlayckpt.errors import UserError
 from overlayckpt.store.info import default_store_dir, read_info, write_info
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, FORMAT_KEY, HISTORY_KEY, META
+from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, DERIVED_KEYS, FORMAT_KEY, META
 from overlayckpt.export.bundle import BundleReader, unlink_quietly
 from overlayckpt.export.remap import Remap, repo_remap
 
 
-_KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, HISTORY_KEY)  # what a new, empty store holds in META
+_KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, *DERIVED_KEYS)  # what a new, empty store holds in META
 
 
 def _store_is_empty(store: Store) -> bool:
@@ -111,7 +111,7 @@ def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dic
         batch += [(META, key, value) for key, value in remap.meta_rows()]
     if batch:
         flush()
-    store.write(lambda w: w.delete(META, HISTORY_KEY))  # the next open indexes the journal
+    store.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at next open
     expected = getattr(bundle, "trailer", {}).get("counts")
     if expected != counts:
         raise UserError(f"{bundle.path} is incomplete (expected {expected}, found {counts}): "

@@ -17,10 +17,9 @@ from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
-from overlayckpt.service.registry import command
+from overlayckpt.service.registry import command, reading
 from overlayckpt.service.session import Session
-from overlayckpt.core.workers import off_loop, read_off_loop
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.core.timeline import Timeline
 
 
@@ -65,17 +64,23 @@ LINE_COUNT_SECONDS = 0.05
 async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     """Newest first. Without "all": git's internals are left out of each entry's files and
     checkpoints without net changes are left out; "more" says whether "limit" cut the list."""
-    tl = Timeline(s.ctx)
-    tl.seal()
     limit = cmd.get("limit", 0)
     if not isinstance(limit, int) or limit < 0:
         raise UserError('"limit" must be a non-negative integer')
-    file = _opt_str(cmd, "file")
-    everything = bool(cmd.get("all"))
+    _opt_str(cmd, "file")
     # lines added/removed cost a diff each: only for the newest entries
     counted = cmd.get("lines", 20)
     if not isinstance(counted, int) or counted < 0:
         raise UserError('"lines" must be a non-negative integer')
+    Timeline(s.ctx).seal()
+    return await s.read_off_loop("log", cmd)
+
+
+@reading("log")
+def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s.ctx)
+    limit, file, counted = cmd.get("limit", 0), cmd.get("file"), cmd.get("lines", 20)
+    everything = bool(cmd.get("all"))
 
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
@@ -104,7 +109,7 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
             out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
-    return await read_off_loop(s.store, fn)
+    return store.read(fn)
 
 
 def _exact_changes(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
@@ -181,6 +186,12 @@ def _two(s: Session, r: ReadTxn, tl: Timeline, cmd: dict[str, Any]) -> tuple[Che
 
 @command("diff")
 async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    _paths(cmd)
+    return await s.read_off_loop("diff", cmd)
+
+
+@reading("diff")
+def _diff_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     tl = Timeline(s.ctx)
     paths = _paths(cmd)
 
@@ -195,15 +206,21 @@ async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         if not cmd.get("stat"):
             result["patch"] = render(changes)
         return result
-    return await read_off_loop(s.store, fn)
+    return store.read(fn)
 
 
 @command("show")
 async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    tl = Timeline(s.ctx)
-    path = _opt_str(cmd, "path")
+    _opt_str(cmd, "path")
     if "id" not in cmd:
         raise UserError('show needs "id"')
+    return await s.read_off_loop("show", cmd)
+
+
+@reading("show")
+def _show_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+    tl = Timeline(s.ctx)
+    path = cmd.get("path")
 
     def fn(r: ReadTxn) -> dict[str, Any]:
         ck = tl.get(r, cmd["id"])
@@ -225,17 +242,20 @@ async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
                   "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)
                  if cmd.get("all") or not is_internal(p)]
         return {"id": ck.id, "files": files}
-    return await read_off_loop(s.store, fn)
+    return store.read(fn)
 
 
 @command("apply", durable=True)
 async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.apply import apply_checkpoint, apply_live
     force = bool(cmd.get("force"))
-    if cmd.get("checkpoint") is not None:
-        stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force)
-    else:
-        stats = apply_live(s.ctx, force)
+    try:
+        if cmd.get("checkpoint") is not None:
+            stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force)
+        else:
+            stats = apply_live(s.ctx, force)
+    finally:
+        s.repo_changed()
     return {"repo": s.repo, **stats}
 
 
@@ -243,10 +263,16 @@ async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.maintenance import fsck, repair
     if not cmd.get("repair"):  # a plain check changes nothing: off the loop, no sync point
-        return {**await off_loop(s.store, fsck), "repaired": []}
+        return await s.read_off_loop("fsck", cmd)
     repaired = repair(s.store)["dropped"]  # (a write: on the loop's thread)
     await make_durable(s.store)
     return {**fsck(s.store), "repaired": repaired}
+
+
+@reading("fsck")
+def _fsck_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.maintenance import fsck
+    return {**fsck(store), "repaired": []}
 
 
 @command("gc", durable=True)

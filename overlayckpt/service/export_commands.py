@@ -42,7 +42,7 @@ async def _show_new_git_objects(s: Session, ref: str) -> None:
     """Export added a pack and a ref (with its reflog) to the repo's .git behind the
     overlay: drop what the overlay and the kernel cached of .git, including negative
     entries for the ref's names, so git inside the mount sees them."""
-    s.lower.forget_cached()
+    s.repo_changed()
     if s.mountpoint is None:
         return  # no kernel caches to drop
     git_inos = {path: ino for ino, path in list(s.overlay.lower_paths.items())

@@ -14,11 +14,24 @@ Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
 DURABLE: set[str] = set()  # commands whose changes survive a power cut once they answer
 
+# The read-only part of a command: (session, store, command) -> result, run where no
+# request of the mount waits for it (Session.read_off_loop: the reader process of a
+# mount, service/reader.py, or a worker thread), so only plain data goes in and out.
+Reading = Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
+READINGS: dict[str, Reading] = {}
+
 
 def command(name: str, durable: bool = False) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
         if durable:
             DURABLE.add(name)
+        return fn
+    return register
+
+
+def reading(name: str) -> Callable[[Reading], Reading]:
+    def register(fn: Reading) -> Reading:
+        READINGS[name] = fn
         return fn
     return register

@@ -20,10 +20,11 @@ from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush,
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
-from overlayckpt.errors import UserError
-from overlayckpt.service.registry import COMMANDS, DURABLE, command
+from overlayckpt.errors import ReaderFailed, UserError
+from overlayckpt.core.workers import off_loop
+from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, command
 from overlayckpt.store.info import read_info, write_info
-from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.lmdbstore import ReaderStore, Store
 from overlayckpt.tables import BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Session:
         # thin and gc one at a time: each plans in a snapshot, then writes what still holds
         self._maintenance = trio.Lock()
         self.kernel_status = kernel_status
+        self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
 
     # the context's hooks, so that a Session too serves where a Context is taken
     @property
@@ -112,6 +114,32 @@ class Session:
         ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
                       invalidate=invalidate, flush_kernel=flush_kernel)
         return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status)
+
+    @classmethod
+    def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> "Session":
+        """The session as a reader process sees it beside its daemon: read-only."""
+        from overlayckpt.core.apply import pin_lookup
+        store = ReaderStore(store_dir)
+        lower = Lower(repo, pin_lookup(store), fd=repo_fd)
+        overlay = Overlay(store, lower)
+        return cls(Context(store, lower, overlay, repo))
+
+    async def read_off_loop(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The reading `name` of a command (registry.READINGS) where no request of the
+        mount waits for it: in a reader process of the mount, else a worker thread."""
+        if self.readers is not None:
+            try:
+                return await self.readers.call(name, cmd)  # type: ignore[no-any-return]
+            except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): still answered
+                log.warning("the store's reader failed, %s runs in the daemon: %s", name,
+                            str(e).strip().splitlines()[-1:])
+        return await off_loop(self.store, lambda store: READINGS[name](self, store, cmd))
+
+    def repo_changed(self) -> None:
+        """apply or export wrote the repo: drop what was cached of it."""
+        self.lower.forget_cached()
+        if self.readers is not None:
+            self.readers.reset()
 
     async def maintain(self, budget: int, then_gc: bool = False) -> dict[str, Any]:
         """Thin over budget (and gc), scanning off the request loop (maintenance.py)."""

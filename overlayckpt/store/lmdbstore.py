@@ -34,7 +34,7 @@ from overlayckpt.store import synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64
 from overlayckpt.tables import (
-    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, TABLES,
+    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORMAT_KEY, META, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -173,12 +173,12 @@ class Store:
         self.cache_lost = cache_lost
         try:
             # an existing store never gets a missing table made anew (empty): that is damage;
-            # only a format 1 store gets the history tables it never had (an upgrade)
+            # only an older store gets the derived tables it never had (an upgrade)
             self.dbs = {META: env.open_db(META, create=new)}
             with env.begin() as txn:
                 version = from_u64(txn.get(FORMAT_KEY, db=self.dbs[META]) or u64(0))
             for name in TABLES[1:]:
-                upgrade = version == 1 and name in HISTORY_TABLES
+                upgrade = 0 < version < FORMAT_VERSION and name in DERIVED_TABLES
                 self.dbs[name] = env.open_db(name, create=new or upgrade)
         except lmdb.NotFoundError:
             env.close()
@@ -193,10 +193,11 @@ class Store:
             version = w.meta_int(FORMAT_KEY, 0)
             if version == 0 and new:
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
-                w.set_meta_int(HISTORY_KEY, 1)  # an empty journal: an empty index matches it
-            elif version == 1:  # the tables are there now, empty: core/history.py fills them
+                for key in DERIVED_KEYS:  # an empty journal: empty derived tables match it
+                    w.set_meta_int(key, 1)
+            elif 0 < version < FORMAT_VERSION:  # the new tables are there, empty: open fills them
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
-            elif version == 0 or version > FORMAT_VERSION:
+            if version == 0 and not new or version > FORMAT_VERSION:
                 txn.abort()
                 env.close()
                 if version == 0:
@@ -431,6 +432,36 @@ class Store:
             return 0
 
 
+class ReaderStore(Store):
+    """A store as another process reads it beside its daemon (service/reader.py): no
+    lock, no writes, no sync points. LMDB serves readers in other processes from the
+    same map, each read seeing the newest commit."""
+
+    def __init__(self, path: str) -> None:  # (none of Store's writer state)
+        try:
+            env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2, readonly=True,
+                            readahead=False, max_readers=256, create=False)
+            self.dbs = {name: env.open_db(name, create=False) for name in TABLES}
+        except lmdb.Error as e:
+            raise UserError(f"cannot read store {path}: {e}") from None
+        self.path, self.env, self.lock_fd, self.cache_lost = path, env, None, False
+        self._local = threading.local()
+        self.block_size = self.read(lambda r: r.meta_int(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE))
+
+    def read(self, fn: Callable[[ReadTxn], T]) -> T:
+        try:
+            return super().read(fn)
+        except lmdb.MapResizedError:  # the daemon grew the map: take its new size
+            self.env.set_mapsize(0)
+            return super().read(fn)
+
+    def write(self, fn: Callable[[WriteTxn], T]) -> T:
+        raise FsError(errno.EROFS, "a reader of the store does not write")
+
+    def close(self) -> None:
+        self.env.close()
+
+
 _WAY_OUT = ("run 'overlayckpt --store {path} recover' to salvage what can be read into a "
             "new store (the damaged one is kept beside it)")
 
@@ -488,14 +519,14 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
     out = Store.open(dst, create=True, lock=False)
     try:
         for name in TABLES:
-            if name in HISTORY_TABLES:
-                continue  # derived from the journal: rebuilt at the next open (no HISTORY_KEY)
+            if name in DERIVED_TABLES:
+                continue  # derived from the journal: rebuilt at the next open (no DERIVED_KEYS)
             copied, error = 0, None
             batch: list[tuple[bytes, bytes]] = []
 
             def flush() -> None:
                 out.write(lambda w: [w.put(name, k, v) for k, v in batch
-                                     if (name, k) != (META, HISTORY_KEY)])
+                                     if name != META or k not in DERIVED_KEYS])
                 batch.clear()
             try:
                 db = env.open_db(name, create=False)
@@ -509,7 +540,7 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
                 error = str(e)
             flush()
             yield name.decode(), copied, error
-        out.write(lambda w: w.delete(META, HISTORY_KEY))  # the index is rebuilt at open
+        out.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at open
     finally:
         env.close()
         out.close()

@@ -12,14 +12,17 @@ from pathlib import Path
 
 import blake3
 import lmdb
+import pytest
 
-from overlayckpt.core import history
+from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.records import ROOT_INO, from_u64, u64
+from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, u64
 from overlayckpt.service.session import Session
-from overlayckpt.tables import CHANGED, FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY
+from overlayckpt.tables import (
+    CHANGED, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY,
+)
 
 from .helpers_core import ME, OTHER, ino, tree_of
 
@@ -140,32 +143,43 @@ def history_records(r, cid, tl):  # the journal record a restore checkpoint stan
     yield from records(r, ck.start_seq, ck.seq)
 
 
-async def test_a_format_1_store_is_upgraded_at_open_to_the_same_states(
-        repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("old", [1, 2])
+async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
+        repo: Path, tmp_path: Path, old: int) -> None:
     store = str(tmp_path / "old")
     s = Session.open(store, str(repo), create=True, window=1e9)
     try:
         await _random_history(s, 3, steps=150)
-        before = _trees(s)
+        before = _trees(s), _files(s)
     finally:
         s.close()
-    # make it what format 1 left: no history tables, no HISTORY_KEY, format 1
+    # make it what format 1 or 2 left: without the tables and keys that came after
+    gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,)
     env = lmdb.open(store, max_dbs=32, map_size=1 << 30)
     with env.begin(write=True) as txn:
         meta = env.open_db(META, txn=txn)
-        for name in HISTORY_TABLES:
+        for name in gone:
             txn.drop(env.open_db(name, txn=txn), delete=True)
-        txn.delete(HISTORY_KEY, db=meta)
-        txn.put(FORMAT_KEY, u64(1), db=meta)
+        for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,):
+            txn.delete(key, db=meta)
+        txn.put(FORMAT_KEY, u64(old), db=meta)
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
     try:
-        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r))) == (2, True)
-        assert _trees(s) == before
-        assert s.store.read(lambda r: r.count(CHANGED)) > 0
+        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r),
+                                       groupfiles.is_built(r))) == (FORMAT_VERSION, True, True)
+        assert (_trees(s), _files(s)) == before
+        assert s.store.read(lambda r: (r.count(CHANGED), r.count(GROUPFILES))) > (0, 0)
         assert fsck(s.store)["clean"]
     finally:
         s.close()
+
+
+def _files(s: Session) -> dict[int, list[dict[str, str]]]:
+    """Every checkpoint's net file changes, as log lists them."""
+    from overlayckpt.core.summaries import checkpoint_entry
+    tl = Timeline(s)
+    return s.store.read(lambda r: {ck.id: checkpoint_entry(r, ck)["files"] for ck in tl.all(r)})
 
 
 def test_fsck_finds_a_damaged_index_and_repair_rebuilds_it(session: Session) -> None:
@@ -221,7 +235,7 @@ async def test_thinning_in_small_slices_off_the_loop_keeps_every_kept_checkpoint
 async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session) -> None:
     """gc plans in a snapshot: a block unreferenced there but written again before the
     plan is applied (same content: same digest) must stay."""
-    from overlayckpt.core.maintenance import apply_merge, gc_apply, gc_plan, merge_records, thin_plan
+    from overlayckpt.core.maintenance import apply_merge, gc_apply, gc_plan, merge_slice, thin_plan
     ov = session.overlay
     data = b"z" * 4096
     readme = ino(ov, "README.md")
@@ -230,7 +244,7 @@ async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session)
     ov.write(ME, readme, 0, b"x" * 4096)
     Timeline(session).seal()
     for m in session.store.read(lambda r: thin_plan(r, 0)):
-        session.store.write(lambda w, m=m: apply_merge(w, m, merge_records(w, m)))
+        session.store.write(lambda w, m=m: apply_merge(w, m, merge_slice(w, m)))
     plan = session.store.read(gc_plan)
     assert blake3.blake3(data).digest() in plan.doomed, "only a dropped checkpoint needed it"
     new, _ = ov.create(OTHER, ROOT_INO, b"again", REG, 0, 0)

@@ -7,7 +7,8 @@ import stat
 
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import Overlay
-from overlayckpt.core.summaries import collapse, describe, is_internal
+from overlayckpt.core.groupfiles import GONE, fold
+from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import FsError
 from overlayckpt.records import ROOT_INO
@@ -51,13 +52,14 @@ def test_internal_paths_are_those_in_a_git_directory() -> None:
     assert not is_internal(".gitignore") and not is_internal("src/git/x.py")
 
 
-def test_collapse_and_describe_net_changes() -> None:
-    class Rec:
-        def __init__(self, paths: tuple[str, ...], changes: tuple[str, ...]) -> None:
-            self.paths, self.changes = paths, changes
-    recs = [Rec(("t.tmp",), ("A",)), Rec(("a.py", "t.tmp"), ("R", "<")), Rec(("b.py",), ("D",))]
-    assert collapse(recs) == [{"path": "a.py", "change": "R"}, {"path": "b.py", "change": "D"}]
-    assert describe(collapse(recs)) == "renamed a.py; deleted b.py"
+def test_fold_and_describe_net_changes() -> None:
+    net: dict[str, str] = {}
+    for paths, changes in ((("t.tmp",), ("A",)), (("a.py", "t.tmp"), ("R", "<")), (("b.py",), ("D",))):
+        for path, change in zip(paths, changes):
+            net[path] = fold(net.get(path), change)
+    files = [{"path": p, "change": c} for p, c in sorted(net.items()) if c != GONE]
+    assert files == [{"path": "a.py", "change": "R"}, {"path": "b.py", "change": "D"}]
+    assert describe(files) == "renamed a.py; deleted b.py"
 
 
 async def test_a_git_commit_reads_as_the_command_with_its_subject(session: Session) -> None:

@@ -1,0 +1,129 @@
+"""Each group's net file changes, kept as its records are written, so that the log lists
+a checkpoint's files without reading its records (a `python` loop that creates 20,000
+files makes one group of 40,000 records).
+
+GROUPFILES: group start seq + path -> the path's net change in that group so far
+(A M D R, or "gone": created and deleted again), updated in the write transaction of
+each journal record. The rows are derived from the journal, like the history index
+(history.py): bundles and salvage leave them out, and a store without GROUPFILES_KEY
+(new format, imported, recovered) has them rebuilt at open. Thinning, which merges
+the records of several groups into one, rewrites the rows of the group that then
+holds them (rows_of, computed in its snapshot).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from overlayckpt.records import Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
+
+GONE = "gone"
+
+
+def fold(before: str | None, change: str) -> str:
+    """A path's net change in a group, given its net change so far and the next one."""
+    if change == "<":
+        return "D" if before != "A" else GONE
+    if before == "A" and change == "D":
+        return GONE
+    if before == "A" and change in ("M", "R"):
+        return "A"
+    if before == "D" and change in ("A", "R"):
+        return "M"
+    if before == GONE and change == "A":
+        return "A"
+    return change if before is None or change != "M" else before
+
+
+def _key(start: int, path: str) -> bytes:
+    return u64(start) + path.encode("utf-8", "surrogateescape")
+
+
+def record(w: WriteTxn, group_start: int, paths: Iterable[str], changes: Iterable[str]) -> None:
+    """Fold one journal record's paths into its group's rows."""
+    for path, change in zip(paths, changes):
+        key = _key(group_start, path)
+        raw = w.get(GROUPFILES, key)
+        before = raw.decode() if raw is not None else None
+        after = fold(before, change)
+        if after != before:
+            w.put(GROUPFILES, key, after.encode())
+
+
+def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
+    """The net file changes of checkpoint ck's group, sorted by path."""
+    if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
+        return []
+    out = []
+    for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)):
+        change = v.decode()
+        if change != GONE:
+            out.append({"path": k[8:].decode("utf-8", "surrogateescape"), "change": change})
+    return out
+
+
+# -- thinning ------------------------------------------------------------------------
+
+
+def rows_of(r: ReadTxn, start: int, end: int) -> dict[str, str]:
+    """The rows the group of records start <= seq < end has (read-only: any thread)."""
+    out: dict[str, str] = {}
+    for k, v in r.range_from(JOURNAL, u64(start)):
+        seq = from_u64(k)
+        if seq >= end:
+            break
+        rec = JournalRecord.unpack_head(seq, v)
+        for path, change in zip(rec.paths, rec.changes):
+            out[path] = fold(out.get(path), change)
+    return out
+
+
+def replace(w: WriteTxn, lo: int, hi: int, start: int, rows: dict[str, str]) -> None:
+    """The groups that began at lo <= seq < hi are one now, beginning at start: its rows."""
+    for k, _ in list(w.range_from(GROUPFILES, u64(lo))):
+        if from_u64(k[:8]) >= hi:
+            break
+        w.delete(GROUPFILES, k)
+    for path, change in sorted(rows.items()):
+        w.put(GROUPFILES, _key(start, path), change.encode())
+
+
+# -- built, rebuilt, checked ---------------------------------------------------------
+
+
+def is_built(r: ReadTxn) -> bool:
+    return r.get(META, GROUPFILES_KEY) is not None
+
+
+def _groups(r: ReadTxn) -> Iterator[tuple[int, JournalRecord]]:
+    """Every journal record (without undo entries) with the start of its group."""
+    bounds = sorted({Checkpoint.unpack(from_u64(k), v).seq for k, v in r.range_from(CKPTS)})
+    i, start = 0, 1
+    for k, v in r.range_from(JOURNAL):
+        seq = from_u64(k)
+        while i < len(bounds) and bounds[i] <= seq:
+            start = bounds[i]
+            i += 1
+        yield start, JournalRecord.unpack_head(seq, v)
+
+
+def expected(r: ReadTxn) -> dict[bytes, bytes]:
+    """The rows the journal implies (fsck compares them with the stored ones)."""
+    net: dict[bytes, str] = {}
+    for start, rec in _groups(r):
+        for path, change in zip(rec.paths, rec.changes):
+            key = _key(start, path)
+            net[key] = fold(net.get(key), change)
+    return {k: v.encode() for k, v in net.items()}
+
+
+def ensure(w: WriteTxn) -> bool:
+    """Rebuild the rows from the journal if they are missing. Returns whether they were."""
+    if is_built(w):
+        return False
+    w.txn.drop(w.store.dbs[GROUPFILES], delete=False)
+    for key, value in sorted(expected(w).items()):
+        w.put(GROUPFILES, key, value, append=True)
+    w.set_meta_int(GROUPFILES_KEY, 1)
+    return True

@@ -1,0 +1,158 @@
+"""Commands read in processes of their own (service/reader.py), never in the daemon's.
+
+A reader the test stops (SIGSTOP) is a command that reads for as long as the test
+wants: the mount must go on answering meanwhile, stopping the daemon must not wait
+for it, and a reader that dies must cost its command one line, not the next one.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import CLI, Mount, daemon_pid, proc_alive, run_cli, stop_daemon
+
+DEADLINE = 60.0
+
+
+def wait_for(cond, what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def readers(daemon: int) -> list[int]:
+    """The daemon's reader processes."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == daemon and b"overlayckpt.service.reader" in argv:
+            out.append(int(pid))
+    return out
+
+
+def one_reader(m: Mount) -> int:
+    daemon = daemon_pid(m.store)
+    assert daemon
+    found: list[int] = []
+    wait_for(lambda: found.extend(readers(daemon)) or found, "the daemon's reader")
+    return found[0]
+
+
+def test_commands_read_in_a_lower_priority_process_that_sees_every_change(mounted: Mount) -> None:
+    m = mounted
+    (m.mnt / "new.txt").write_text("one\n")
+    assert "new.txt" in m.cli("log").stdout
+    reader = one_reader(m)
+    assert os.getpriority(os.PRIO_PROCESS, reader) == 10
+    (m.mnt / "new.txt").write_text("one\ntwo\n")  # a write the same reader must see next
+    out = m.cli("diff", "0", "--stat").stdout
+    assert "new.txt" in out and "+2" in out, out
+    assert one_reader(m) == reader  # kept between commands
+    # a user's mistake in a reading is one line, as before
+    bad = m.cli("diff", "999", check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert "unknown checkpoint 999" in bad.stderr
+
+
+def test_the_mount_answers_while_a_reading_is_held_up(mounted: Mount) -> None:
+    m = mounted
+    (m.mnt / "a.txt").write_text("a\n")
+    m.cli("log")
+    reader = one_reader(m)
+    os.kill(reader, signal.SIGSTOP)
+    try:
+        log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+        # the request loop is free: stats, reads, writes and listings all answer
+        os.stat(m.mnt / "a.txt")
+        assert (m.mnt / "a.txt").read_text() == "a\n"
+        (m.mnt / "b.txt").write_text("b\n")
+        assert "b.txt" in os.listdir(m.mnt)
+        assert "checkpoints" in (m.mnt / ".overlayckpt" / "status.json").read_text()
+        assert log.poll() is None  # still waiting for its reader
+    finally:
+        os.kill(reader, signal.SIGCONT)
+    out, err = log.communicate(timeout=DEADLINE)
+    assert log.returncode == 0, err
+    assert "a.txt" in out
+
+
+def test_a_dead_reader_costs_its_command_one_line_and_the_next_one_nothing(mounted: Mount) -> None:
+    m = mounted
+    (m.mnt / "a.txt").write_text("a\n")
+    m.cli("log")
+    reader = one_reader(m)
+    os.kill(reader, signal.SIGSTOP)
+    log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+    os.kill(reader, signal.SIGKILL)
+    out, err = log.communicate(timeout=DEADLINE)
+    # the command is answered all the same (in a thread of the daemon): nothing waits
+    assert log.returncode == 0, err
+    assert "a.txt" in out
+    wait_for(lambda: not proc_alive(reader) or _zombie_gone(reader), "the dead reader reaped")
+    assert "a.txt" in m.cli("log").stdout
+    assert one_reader(m) != reader
+
+
+def test_stopping_the_daemon_does_not_wait_for_a_reading(repo: Path, mount_factory) -> None:
+    m = mount_factory(repo)
+    m.cli("log")
+    reader = one_reader(m)
+    os.kill(reader, signal.SIGSTOP)
+    log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+    t0 = time.monotonic()
+    os.kill(daemon_pid(m.store), signal.SIGTERM)
+    assert stop_daemon(m.store) is None
+    assert time.monotonic() - t0 < 10, "the daemon waited for its reader"
+    _, err = log.communicate(timeout=DEADLINE)
+    assert log.returncode != 0 and err.strip().count("\n") == 0, err
+    wait_for(lambda: not proc_alive(reader) or _zombie_gone(reader), "the reader gone with its daemon")
+    assert "clean" in run_cli("--store", str(m.store), "fsck").stdout
+
+
+def _stopped_with_input(pid: int) -> bool:
+    """The stopped reader has a request waiting in its pipe."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/0") as f:
+            f.read()
+        return _pipe_bytes(pid) > 0
+    except OSError:
+        return False
+
+
+def _pipe_bytes(pid: int) -> int:
+    import fcntl
+    import termios
+    import array
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        buf = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+        return buf[0]
+    finally:
+        os.close(fd)
+
+
+def _zombie_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
