@@ -26,6 +26,7 @@ HINTS: tuple[tuple[str, str], ...] = (
     ("failed to exec fusermount3",
      "install fusermount3 ('sudo apt-get install fuse3'), or mount as root"),
     ("no write access to mountpoint", "mount on a directory you own"),
+    ("not owned by user", "mount on a directory you own"),
     ("failed to access mountpoint", "create the mountpoint (a directory you own) first"),
     ("mount_max", "unmount other FUSE file systems, or raise mount_max in /etc/fuse.conf"),
     ("Operation not permitted",
