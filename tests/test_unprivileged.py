@@ -250,3 +250,31 @@ def test_missing_and_busy_mountpoints(user: User, work: Path) -> None:
         user.cli("unmount", str(mnt))
     finally:
         force_unmount(str(mnt))
+
+
+def wheel_has_library(wheels: Path) -> bool:
+    import zipfile
+    (wheel,) = wheels.glob("overlayckpt-*.whl")
+    return any(n.startswith("overlayckpt/_kcache") for n in zipfile.ZipFile(wheel).namelist())
+
+
+def test_a_user_builds_from_a_checkout_it_cannot_write_and_from_an_sdist(user: User, work: Path) -> None:
+    # what pip, pipx and uv do with a checkout or an sdist (here offline: the build
+    # requirements are in the project's venv already)
+    assert user.run("test", "-w", str(ROOT)).returncode != 0, "the checkout must be read-only to the user"
+    pip_wheel = (sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w")
+    proc = user.run(*pip_wheel, str(work / "from-checkout"), str(ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert wheel_has_library(work / "from-checkout")
+    # the sdist, made from a copy of the sources, carries what the build needs
+    src = work / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".*", "bench", "tests", "docs", "build", "*.so", "*.egg-info", "__pycache__"))
+    user.chown(src)
+    make_sdist = f"import setuptools.build_meta as b; print(b.build_sdist({str(work / 'sdist')!r}))"
+    proc = user.run(sys.executable, "-c", make_sdist, cwd=src)
+    assert proc.returncode == 0, proc.stderr
+    sdist = work / "sdist" / proc.stdout.split()[-1]
+    proc = user.run(*pip_wheel, str(work / "from-sdist"), str(sdist))
+    assert proc.returncode == 0, proc.stderr
+    assert wheel_has_library(work / "from-sdist")
