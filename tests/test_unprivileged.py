@@ -161,7 +161,8 @@ def test_run_private_as_a_normal_user(user: User, work: Path) -> None:
     # inside: the overlay, the user's own ids, no way to take the overlay off; outside
     # (pid 1's mount namespace) nothing is mounted on the repo
     probe = ("test -d .overlayckpt && id -u > who && mkdir made && echo x > made/f && "
-             f"! grep -q ' {repo} ' /proc/1/mountinfo && ! umount -l . 2>/dev/null")
+             f"! grep -q ' {repo} ' /proc/1/mountinfo && "
+             "! umount -l . 2>/dev/null && ! fusermount3 -uz . 2>/dev/null")
     proc = user.cli("run", "--private", "--apply", "--repo", str(repo), "--", "sh", "-c", probe)
     assert proc.returncode == 0, proc.stderr
     assert not is_mounted(str(repo))
