@@ -232,6 +232,24 @@ def test_mountpoint_of_another_user(user: User, work: Path) -> None:
     assert stores(user) == []
 
 
+def test_mount_without_fusermount3(user: User, work: Path) -> None:
+    # the user's own mount namespace with fusermount3's directory hidden, the CLI run there
+    # without capabilities (so libfuse must fall back to fusermount3)
+    bindir = os.path.dirname(os.path.realpath(shutil.which("fusermount3") or "/usr/bin/fusermount3"))
+    if os.path.realpath(sys.executable).startswith(bindir + "/"):
+        pytest.skip(f"the interpreter lives in {bindir}, beside fusermount3")
+    setpriv = work / "setpriv"
+    shutil.copy(shutil.which("setpriv") or "/usr/bin/setpriv", setpriv)
+    hide = ("unshare", "--user", "--map-current-user", "--keep-caps", "--mount", "sh", "-c",
+            f'mount -t tmpfs none {bindir} && exec {setpriv} --inh-caps=-all --ambient-caps=-all -- "$@"',
+            "-")
+    err = one_line_failure(user.cli("mount", str(work / "repo"), str(work / "mnt"), check=False, wrap=hide))
+    assert err == (f"overlayckpt: cannot mount on {work / 'mnt'}: fuse: failed to exec fusermount3: "
+                   "No such file or directory; install fusermount3 ('sudo apt-get install fuse3'), "
+                   "or mount as root")
+    assert stores(user) == []
+
+
 def test_missing_and_busy_mountpoints(user: User, work: Path) -> None:
     repo, mnt = work / "repo", work / "mnt"
     err = one_line_failure(user.cli("mount", str(repo), str(work / "nowhere"), check=False))
