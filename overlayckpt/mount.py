@@ -30,6 +30,7 @@ import trio
 
 from overlayckpt.core.apply import apply_live
 from overlayckpt.fuse.control import ControlFs
+from overlayckpt.fuse.mounterr import reason, stderr_lines
 from overlayckpt.errors import UserError
 from overlayckpt.fuse.ops import Operations
 from overlayckpt.core.overlay import make_durable
@@ -152,10 +153,11 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
                      kernel_handles=kcache.active)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
-        pyfuse3.init(ops, mountpoint, mount_options(allow_other))
+        with stderr_lines() as said:  # libfuse says why only there
+            pyfuse3.init(ops, mountpoint, mount_options(allow_other))
     except RuntimeError as e:
         session.close()
-        raise UserError(f"cannot mount on {mountpoint}: {e}") from None
+        raise UserError(f"cannot mount on {mountpoint}: {reason(said, str(e))}") from None
     kcache.speed_up_loop(pyfuse3)
     seq, offset = behind.position(session.store)
     kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)

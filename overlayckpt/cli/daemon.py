@@ -73,6 +73,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
+    created = not os.path.exists(store)
     os.makedirs(store, mode=0o700, exist_ok=True)
     logpath = os.path.join(store, "daemon.log")
     argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
@@ -93,7 +94,10 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
     ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise UserError(_last_error(logpath, start) or f"daemon exited with status {proc.returncode}")
+            why = _last_error(logpath, start) or f"daemon exited with status {proc.returncode}"
+            if created:  # a failed first mount leaves no session behind for the next to resume
+                shutil.rmtree(store, ignore_errors=True)
+            raise UserError(why)
         if os.path.exists(ctl):
             return
         time.sleep(0.02)
@@ -157,12 +161,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         raise UserError("run needs a command: overlayckpt run -- CMD ...")
     repo = resolve_repo(args.repo)
-    if args.private and not os.environ.get("OVERLAYCKPT_PRIVATE"):
-        if not shutil.which("unshare"):
-            raise UserError("--private needs unshare(1) (util-linux)")
+    private = os.environ.get("OVERLAYCKPT_PRIVATE", "")
+    if args.private and not private:
+        unshare, private = private_namespace()
         argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
-        env = dict(os.environ, OVERLAYCKPT_PRIVATE="1")
-        return subprocess.call(["unshare", "-m", "--propagation", "private", "--"] + argv, env=env)
+        env = dict(os.environ, OVERLAYCKPT_PRIVATE=private)
+        return subprocess.call(unshare + ["--"] + argv, env=env)
+    if private == "user":  # the command without the namespace's capabilities: it cannot unmount the overlay
+        cmd = ["unshare", "--user", "--map-current-user", "--"] + cmd
     from overlayckpt.store.info import default_store_dir
     store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
     prepare_mountpoint(repo)
@@ -177,6 +183,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         unmount(repo, apply)
     return status
+
+
+# what lets a normal user create user namespaces, where the kernel has such a switch
+USERNS_SWITCHES = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sudo sysctl kernel.unprivileged_userns_clone=1"),
+    ("/proc/sys/user/max_user_namespaces", "0", "sudo sysctl user.max_user_namespaces=15000"),
+    ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
+     "sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0 (AppArmor forbids them)"),
+)
+
+
+def private_namespace() -> tuple[list[str], str]:
+    """unshare's argv for a private mount namespace, and how the run inside tells it
+    ("root" or "user"). A normal user gets a user namespace too, where it keeps its ids
+    (what the store records and apply writes stay the user's) and the daemon has the
+    capabilities to mount FUSE itself."""
+    if not shutil.which("unshare"):
+        raise UserError("--private needs unshare(1): install util-linux")
+    private_mounts = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() == 0:
+        return private_mounts, "root"
+    userns = ["unshare", "--user", "--map-current-user", "--keep-caps"] + private_mounts[1:]
+    probe = subprocess.run(userns + ["true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["unshare failed"])[-1].removeprefix("unshare: ")
+        enable = next((fix for path, off, fix in USERNS_SWITCHES if _read(path) == off),
+                      "run it as root, or without --private")
+        raise UserError(f"--private needs a user namespace, which this machine refuses ({why}): {enable}")
+    return userns, "user"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def cmd_status(args: argparse.Namespace) -> int:
