@@ -156,3 +156,11 @@ def _zombie_gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def test_a_reader_exits_with_its_daemon_killed(mounted: Mount) -> None:
+    m = mounted
+    m.cli("log")
+    reader = one_reader(m)
+    m.kill_daemon()
+    wait_for(lambda: not proc_alive(reader) or _zombie_gone(reader), "the reader to exit")

@@ -47,8 +47,9 @@ def cmd_log(args: argparse.Namespace) -> int:
         lines = []
         for c in r["checkpoints"]:
             files = " ".join(f"{f['change']} {f['path']}" for f in c["files"][:6])
-            if len(c["files"]) > 6:
-                files += f" (+{len(c['files']) - 6} more)"
+            total = c.get("files_total", len(c["files"]))
+            if total > 6:
+                files += f" (+{total - 6} more)"
             name = f" [{c['name']}]" if c["name"] else ""
             proc = c["process"]["comm"] or "-"
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""

@@ -58,6 +58,9 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 # most LINE_COUNT_SECONDS: the rest show none this time, and fill in on later calls.
 LINE_COUNT_FILES = 100
 LINE_COUNT_SECONDS = 0.05
+# files listed per entry ("files_total" counts them all): a reply stays small however
+# many files a checkpoint changed (diff --stat lists them all)
+LOG_FILES = 200
 
 
 @command("log")
@@ -98,6 +101,8 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
                 continue
             if not everything:
                 entry["files"] = [f for f in entry["files"] if not is_internal(f["path"])]
+            entry["files_total"] = len(entry["files"])
+            del entry["files"][LOG_FILES:]
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
             if (len(out) < counted and before is not None and entry["files"]

@@ -8,7 +8,9 @@ a lower priority (NICE): the kernel runs the mount's requests first, and nothing
 shared with them but the store's map, which LMDB serves to readers in other
 processes as it is at each read's start. A reader opens the store read-only and
 the repo through the daemon's own descriptor of it (a mount in place hides its
-path), and exits with the daemon (PR_SET_PDEATHSIG) or when its pipe closes.
+path), and exits when its pipe closes: when the daemon closes it, or exits however.
+(Not PR_SET_PDEATHSIG: trio starts processes from worker threads, and that signal
+comes when the starting thread ends.)
 
 The daemon keeps one reader ready and starts more while several commands read at
 once. A command whose wait is cancelled (SIGTERM, unmount) kills its reader: a
@@ -19,7 +21,6 @@ each after its length: (name, command) in; ("ok", result), ("user", message) or
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import pickle
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 NICE = 10  # the mount's requests come first: a busy reader takes a tenth of a contested core
 KEEP = 1  # readers kept ready between commands
 _LEN = struct.Struct("<I")
-_PR_SET_PDEATHSIG = 1
 
 
 class _Proc:
@@ -50,7 +50,10 @@ class _Proc:
     async def send(self, obj: Any) -> None:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(_LEN.pack(len(data)) + data)
+        try:
+            await self.proc.stdin.send_all(_LEN.pack(len(data)) + data)
+        except trio.BrokenResourceError:
+            raise ReaderFailed(f"the store's reader exited ({self.proc.poll()})") from None
 
     async def receive(self) -> Any:
         assert self.proc.stdout is not None
@@ -178,10 +181,6 @@ def _serve(store_dir: str, repo: str, repo_fd: int) -> None:
 
 def main() -> None:
     os.setpriority(os.PRIO_PROCESS, 0, NICE)
-    try:  # (Linux) exit with the daemon, even if it is killed
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     store_dir, repo, fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
     logging.basicConfig(level=logging.WARNING, format="reader %(process)d: %(message)s")
