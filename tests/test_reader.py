@@ -82,6 +82,9 @@ def test_the_mount_answers_while_a_reading_is_held_up(mounted: Mount) -> None:
         (m.mnt / "b.txt").write_text("b\n")
         assert "b.txt" in os.listdir(m.mnt)
         assert "checkpoints" in (m.mnt / ".overlayckpt" / "status.json").read_text()
+        # and so do other clients' commands: the kernel lets ctl writes through in parallel
+        made = m.ctl_ok({"cmd": "checkpoint", "message": "while log waits"})
+        assert made["id"] > 0
         assert log.poll() is None  # still waiting for its reader
     finally:
         os.kill(reader, signal.SIGCONT)

@@ -113,8 +113,8 @@ def _last_error(logpath: str, start: int) -> str:
 
 
 def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
-    # A command running holds ctl (the kernel lets one write at a time through) and its
-    # client keeps the mount busy: read the status from status.json, have the daemon
+    # A command running may hold ctl (without the C library the kernel lets one write at
+    # a time through) and its client keeps the mount busy: read status.json, have the daemon
     # cut running commands short (SIGUSR1: they are told so), then ask through ctl
     status = client.status(mountpoint)
     if status.get("pid") and status.get("interruptible"):

@@ -55,12 +55,9 @@ def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
     """The net file changes of checkpoint ck's group, sorted by path."""
     if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
         return []
-    out = []
-    for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)):
-        change = v.decode()
-        if change != GONE:
-            out.append({"path": k[8:].decode("utf-8", "surrogateescape"), "change": change})
-    return out
+    gone = GONE.encode()
+    return [{"path": k[8:].decode("utf-8", "surrogateescape"), "change": v.decode()}
+            for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)) if v != gone]
 
 
 # -- thinning ------------------------------------------------------------------------

@@ -3,7 +3,6 @@ and a one-line summary (from the conversation, the message, git's own record of 
 it did, or the files)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from overlayckpt.core.conversation import summary_before
@@ -21,7 +20,8 @@ TAIL = 64 * 1024  # of a file git appends to: the newest lines are what a checkp
 
 def is_internal(path: str) -> bool:
     """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
-    return ".git" in path.split("/")
+    return (path.startswith(".git") and (len(path) == 4 or path[4] == "/")
+            or "/.git/" in path or path.endswith("/.git"))
 
 
 class Files:
@@ -135,11 +135,15 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
 
 def describe(files: list[dict[str, str]]) -> str:
     words = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed"}
-    by: dict[str, list[str]] = {}
+    by: dict[str, list[str]] = {}  # the first 3 names of each kind
+    counts: dict[str, int] = {}
     for f in files:
-        by.setdefault(words.get(f["change"], "changed"), []).append(os.path.basename(f["path"]))
+        verb = words.get(f["change"], "changed")
+        counts[verb] = counts.get(verb, 0) + 1
+        if counts[verb] <= 3:
+            by.setdefault(verb, []).append(f["path"].rpartition("/")[2])
     parts = []
     for verb, names in by.items():
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        parts.append(f"{verb} {shown}")
+        more = counts[verb] - len(names)
+        parts.append(f"{verb} {', '.join(names)}" + (f" and {more} more" if more else ""))
     return "; ".join(parts)

@@ -18,9 +18,11 @@ always reaches the daemon (client.is_stale relies on that).
 Stopping: `interrupt` cuts short every command running (each one's client reads
 one line saying so, errors.Stopped) and refuses new ones for a while; the daemon
 calls it on a signal (mount.py), and `overlayckpt unmount` sends the
-`interrupt` command before it unmounts. The kernel runs one write on ctl at a
-time (it holds the file's lock for the whole command), so a client that must get
-through while a command runs first has the daemon call it (SIGUSR1).
+`interrupt` command before it unmounts. Writes to ctl run in parallel, each
+client's command beside the others (interpose.c asks the kernel for parallel
+direct writes); where the C library does not serve the mount the kernel runs one
+at a time (it holds the file's lock for the whole command), so a client that must
+get through while a command runs first has the daemon call it (SIGUSR1).
 """
 from __future__ import annotations
 
@@ -51,6 +53,10 @@ CKPTS_INO = CONTROL_INO_BASE + 5
 VIEW_INO_BASE = CONTROL_INO_BASE + (1 << 32)
 
 MAX_LINE = 1 << 20  # one command or conversation line; longer is EINVAL
+# ctl's size as the kernel sees it: the kernel runs writes that end below it in parallel
+# (see interpose.c, fuse_reply_open), so no client's command waits for another's to
+# finish; small enough that a read of "the whole file" (Python's read()) is no burden
+CTL_SIZE = 2 * MAX_LINE
 # seconds an interrupt waits for the cut-short commands' clients to close ctl
 STOP_GRACE = 0.5
 INSTANT = frozenset({"status", "set_apply"})  # never refused: they hold ctl for no time
@@ -111,7 +117,8 @@ class ControlFs:
             mtime_ns = self.views.listing_mtime_ns() if self.views is not None else 0
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, mtime_ns=mtime_ns, entry_timeout=KEPT)
         if ino == CTL_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o600, entry_timeout=KEPT, attr_timeout=KEPT)
+            return VirtualAttr(ino, stat.S_IFREG | 0o600, CTL_SIZE, entry_timeout=KEPT,
+                               attr_timeout=KEPT)
         if ino == STATUS_INO:
             return VirtualAttr(ino, stat.S_IFREG | 0o444, entry_timeout=KEPT)
         if ino == CONV_INO:

@@ -12,6 +12,7 @@ void (*real_process)(struct fuse_session *, const struct fuse_buf *);
 void (*real_destroy)(struct fuse_session *);
 int (*real_reply_write)(fuse_req_t, size_t);
 int (*real_reply_err)(fuse_req_t, int);
+int (*real_reply_open)(fuse_req_t, const struct fuse_file_info *);
 
 struct fuse_session *wrapped;  /* the one session whose handlers go through here */
 
@@ -29,8 +30,9 @@ static int bind_libfuse(void)
     real_destroy = dlsym(lib, "fuse_session_destroy");
     real_reply_write = dlsym(lib, "fuse_reply_write");
     real_reply_err = dlsym(lib, "fuse_reply_err");
+    real_reply_open = dlsym(lib, "fuse_reply_open");
     return real_new && real_fd && real_receive && real_process && real_destroy &&
-           real_reply_write && real_reply_err ? 0 : -1;
+           real_reply_write && real_reply_err && real_reply_open ? 0 : -1;
 }
 
 struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
@@ -86,4 +88,27 @@ int fuse_reply_err(fuse_req_t req, int err)
     if (behind_count && !in_reader_thread() && drop_acknowledged(req))
         return 0;
     return real_reply_err(req, err);
+}
+
+/* Python's direct-I/O files (the control files, checkpoint views) take writes in
+ * parallel: without FOPEN_PARALLEL_DIRECT_WRITES (which libfuse 3.14 cannot set)
+ * the kernel holds the inode's lock for the whole of each write, so a command a
+ * client sends through ctl would wait for any command another client's write is
+ * still running. The reply is libfuse's own (struct fuse_open_out) plus that flag. */
+int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi)
+{
+    struct fuse_open_out arg;
+
+    if (real_reply_open == NULL && bind_libfuse() != 0)
+        return -ENOSYS;
+    if (wrapped == NULL || !fi->direct_io)
+        return real_reply_open(req, fi);
+    memset(&arg, 0, sizeof(arg));
+    arg.fh = fi->fh;
+    arg.open_flags = FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES;
+    if (fi->keep_cache)
+        arg.open_flags |= FOPEN_KEEP_CACHE;
+    if (fi->nonseekable)
+        arg.open_flags |= FOPEN_NONSEEKABLE;
+    return fuse_reply_buf(req, (const char *)&arg, sizeof(arg));
 }

@@ -89,6 +89,7 @@ extern void (*real_process)(struct fuse_session *, const struct fuse_buf *);
 extern void (*real_destroy)(struct fuse_session *);
 extern int (*real_reply_write)(fuse_req_t, size_t);
 extern int (*real_reply_err)(fuse_req_t, int);
+extern int (*real_reply_open)(fuse_req_t, const struct fuse_file_info *);
 extern struct fuse_session *wrapped;
 
 /* fastpath.c */
