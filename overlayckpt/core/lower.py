@@ -26,7 +26,9 @@ _SYS_OPENAT2 = 437  # x86_64 and aarch64 share it
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
-CACHE_ENTRIES = 1 << 20  # lower stat results and listings kept in memory
+# lower stat results kept in memory, those in listings included: at most this many (a
+# walk of 200,000 files must not keep 200,000: the kernel keeps what it looked up)
+CACHE_ENTRIES = 1 << 15
 _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
 
 
@@ -72,7 +74,8 @@ PinLookup = Callable[[bytes], "Pin | None"]
 
 
 class PinStat:
-    """The attributes of a pinned entry, shaped like the os.stat_result fields we use."""
+    """The attributes of a pinned or cached entry, shaped like the os.stat_result fields we
+    use (in less than half of an os.stat_result's 640 bytes)."""
 
     __slots__ = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
                  "st_mtime_ns", "st_ctime_ns", "st_rdev")
@@ -84,6 +87,11 @@ class PinStat:
     @classmethod
     def fields(cls, st: "os.stat_result | PinStat") -> list[int]:
         return [getattr(st, name) for name in cls.__slots__]
+
+
+def slim(st: os.stat_result) -> PinStat:
+    return PinStat(st.st_mode, st.st_ino, st.st_nlink, st.st_uid, st.st_gid, st.st_size,
+                   st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, st.st_rdev)
 
 
 class Pin:
@@ -116,6 +124,7 @@ class Lower:
         self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
         self._stats: dict[bytes, Any] = {}
         self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
+        self._listed = 0  # entries in _listings
         # called with the repo's fd before each listing until it answers True, once it
         # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
         # which runs only once the mount is served by the C library)
@@ -133,6 +142,7 @@ class Lower:
         self._xattrs.clear()
         self._stats.clear()
         self._listings.clear()
+        self._listed = 0
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -151,7 +161,7 @@ class Lower:
     def _pin(self, path: bytes) -> Pin | None:
         return self.pins(path) if self.pins is not None else None
 
-    def stat(self, path: bytes, siblings: bool = True) -> os.stat_result:
+    def stat(self, path: bytes, siblings: bool = True) -> "os.stat_result | PinStat":
         """lstat of a repo path; the first one in a directory lists (and stats) all of it,
         unless siblings is False (a lookup that will not be followed by its neighbours)."""
         pin = self._pin(path)
@@ -178,23 +188,29 @@ class Lower:
             if cached is not None:
                 return cached
         try:
-            st = os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False)
+            st = slim(os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False))
         except OSError as e:
             raise FsError(e.errno or errno.EIO) from None
-        self._remember(self._stats, path, st)
+        self._remember_stat(path, st)
         return st
 
-    @staticmethod
-    def _remember(cache: dict[bytes, Any], key: bytes, value: Any) -> None:
-        if len(cache) > CACHE_ENTRIES:
-            cache.clear()
-        cache[key] = value
+    def _remember_stat(self, path: bytes, st: Any) -> None:
+        if len(self._stats) + self._listed > CACHE_ENTRIES:
+            self._stats.clear()
+            self._listings.clear()
+            self._listed = 0
+        self._stats[path] = st
 
-    def listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+    def listdir(self, path: bytes) -> list[tuple[bytes, Any]]:
         cached = self._listings.get(path)
         if cached is None:
             cached = self._listdir(path)
-            self._remember(self._listings, path, cached)
+            if len(self._stats) + self._listed > CACHE_ENTRIES:
+                self._stats.clear()
+                self._listings.clear()
+                self._listed = 0
+            self._listings[path] = cached
+            self._listed += len(cached)
         return cached
 
     def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
@@ -221,11 +237,11 @@ class Lower:
                         out.append((name, pin.st))
                         continue
                     try:
-                        st = entry.stat(follow_symlinks=False)
+                        st = slim(entry.stat(follow_symlinks=False))
                     except OSError:
                         continue  # vanished behind our back
                     out.append((name, st))
-                    self._remember(self._stats, child, st)  # what stat(child) would answer
+                    self._stats[child] = st  # what stat(child) would answer (counted in _listed)
             return out
         finally:
             os.close(fd)
