@@ -16,7 +16,8 @@ import msgpack
 
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
-FORMAT_VERSION = 2  # 2: the history index (tables.HISTORY_TABLES); 1 is upgraded at open
+FORMAT_VERSION = 3  # 2: the history index (tables.HISTORY_TABLES); 3: split raw blocks
+# (tables.TAILS); older formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1

@@ -17,7 +17,7 @@ from overlayckpt.core import history
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.records import ROOT_INO, from_u64, u64
+from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, u64
 from overlayckpt.service.session import Session
 from overlayckpt.tables import CHANGED, FORMAT_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY
 
@@ -160,7 +160,7 @@ async def test_a_format_1_store_is_upgraded_at_open_to_the_same_states(
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
     try:
-        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r))) == (2, True)
+        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r))) == (FORMAT_VERSION, True)
         assert _trees(s) == before
         assert s.store.read(lambda r: r.count(CHANGED)) > 0
         assert fsck(s.store)["clean"]
