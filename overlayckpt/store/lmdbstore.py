@@ -55,11 +55,12 @@ _INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
 # A pin keeps LMDB from reusing any page freed after it, so a burst of commits (a package
 # install) would write every commit to fresh pages until the next sync point: one starts,
 # off the writer's thread, after this many commits since the last.
-AUTO_POINT_COMMITS = 500
-# or after this many bytes of new blocks: each block written copies about one leaf page
-# of BLOCKS (its keys are random), and no page freed after the pin is reused, so a big
-# file would leave as many pages of garbage as it has blocks
-AUTO_POINT_BYTES = 1 << 20
+AUTO_POINT_COMMITS = 100
+# or once the file has grown by this many pages: no page a commit frees (each copies the
+# pages it changes: about one leaf of BLOCKS per new block, its keys being random) is
+# reused while the pin holds, so without this a big file or a long burst left as much
+# garbage as it had data (a git gc: 2.4x the pack's size)
+AUTO_POINT_PAGES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +198,6 @@ class WriteTxn(ReadTxn):
         if self._block_entry(digest) is None:
             raw = self.store.encode_block(data)
             self.put(BLOCKS, digest, raw)
-            self.store.since_point_bytes += len(raw)
             self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
         return digest
 
@@ -267,7 +267,7 @@ class Store:
         self._pins: list[tuple[SyncPoint, "lmdb.Transaction"]] = []  # oldest first
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
         self._since_point = 0  # commits since the last sync point began
-        self.since_point_bytes = 0  # and bytes of new blocks
+        self._point_pages = 0  # the file's pages when the last sync point began
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._auto: Future[None] | None = None  # the automatic sync point under way
         if new:
@@ -357,10 +357,11 @@ class Store:
         """
         result = self._commit(fn)
         self._since_point += 1
+        grown = self.env.info()["last_pgno"] - self._point_pages
         # a writer faster than the disk waits for it, rather than growing the store
-        self._finish_auto(wait=self.since_point_bytes >= 4 * AUTO_POINT_BYTES)
+        self._finish_auto(wait=grown >= 4 * AUTO_POINT_PAGES)
         if self._auto is None and (self._since_point >= AUTO_POINT_COMMITS
-                                   or self.since_point_bytes >= AUTO_POINT_BYTES):
+                                   or grown >= AUTO_POINT_PAGES):
             point = self.sync_begin()
             if point is not None:
                 self._auto = self._flusher.submit(self.sync_flush, point)
@@ -423,7 +424,8 @@ class Store:
 
     def sync_begin(self) -> SyncPoint | None:
         """Pin the newest snapshot (writer's thread); None if it is already durable."""
-        self._since_point = self.since_point_bytes = 0
+        self._since_point = 0
+        self._point_pages = self.env.info()["last_pgno"]
         txn = self.env.begin(buffers=False)
         txnid = txn.id()
         if txnid <= self._durable or (self._pins and self._pins[-1][0].txnid == txnid):
