@@ -15,7 +15,7 @@ import blake3
 
 from overlayckpt.core.maintenance import fsck, gc
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.lmdbstore import AUTO_POINT_PAGES, Store
 from overlayckpt.tables import BLOCKS
 
 from .helpers_core import ME, content, ino
@@ -38,7 +38,10 @@ def test_random_data_grows_the_store_by_at_most_1_1x_its_size(
         ov.write(ME, i, off, chunk)
     s.store.sync()
     growth = s.store.disk_bytes() - before
-    assert growth <= 1.1 * size, f"{growth / size:.3f}x"
+    # at most 1.1x, plus the pages freed while a sync point was under way (reused by later
+    # commits: a writer that far ahead of the disk waits for it)
+    held = 4 * AUTO_POINT_PAGES * s.store.psize
+    assert growth <= 1.1 * size + held, f"{growth / size:.3f}x"
     # one page per block: its value fills one overflow page exactly
     assert s.store.read(lambda r: r.txn.stat(s.store.dbs[BLOCKS])["overflow_pages"]) == size // 4096
     assert blake3.blake3(content(ov, "pack.bin")).digest() == written.digest()
