@@ -32,7 +32,7 @@ from overlayckpt.records import (
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
-from overlayckpt.tables import DIRENTS, NODES, PINNED, SEEN
+from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, PINNED, SEEN, SEQ_KEY
 
 
 
@@ -362,7 +362,15 @@ def seen_fingerprint(st: os.stat_result | None) -> list[int]:
 
 
 def apply_live(ctx: Context, force: bool = False) -> dict[str, int]:
-    return Applier(ctx).apply(_LiveState(ctx), [], [], force)
+    seq = ctx.store.read(lambda r: r.meta_int(SEQ_KEY, 1))
+    stats = Applier(ctx).apply(_LiveState(ctx), [], [], force)
+    _applied_at(ctx.store, seq)
+    return stats
+
+
+def _applied_at(store: Store, seq: int) -> None:
+    """The repo holds the state before journal position seq (sessions shows what came after)."""
+    store.write(lambda w: w.set_meta_int(APPLIED_KEY, seq))
 
 
 class _LiveState:
@@ -391,6 +399,8 @@ def apply_checkpoint(ctx: Context, ref: Any, force: bool = False) -> dict[str, i
         since = list(history.changed_since(r, ck.seq))  # what the live records no longer show
         extra_nodes = sorted({from_u64(k[:8]) for code, k in since if code == T_NODES})
         extra_dirs = sorted({from_u64(k[:8]) for code, k in since if code == T_DIRENTS})
-        return Applier(ctx).apply(state, extra_nodes, extra_dirs, force)
+        stats = Applier(ctx).apply(state, extra_nodes, extra_dirs, force)
     finally:
         ctx.store.end_read(r)
+    _applied_at(ctx.store, ck.seq)
+    return stats
