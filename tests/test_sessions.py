@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli, wait_daemon_gone
 
 
@@ -103,3 +105,106 @@ def test_index_entries_read_every_index_version_as_git_lists_them(tmp_path: Path
         assert listed == git(repo, "ls-files", "-s").splitlines(), version
     assert index_entries(b"DIRC\0\0\0\2\0\0\0\1" + b"\0" * 30) is None  # truncated
     assert index_entries(b"not an index") is None
+
+
+# -- the lifecycle ------------------------------------------------------------------
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The data directory of these tests' default stores (never the user's)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return dict(os.environ)
+
+
+def listed(env: dict[str, str], repo: Path) -> dict:
+    return json.loads(run_cli("sessions", str(repo), "--json", env=env).stdout)
+
+
+def default_store(repo: Path) -> Path:
+    from overlayckpt.store.info import default_store_dir
+    return Path(default_store_dir(str(repo)))
+
+
+def test_a_resumed_session_is_announced_and_new_starts_a_fresh_one(
+        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    first = default_store(repo)
+    torn_down(mnt, first)
+    torn_down(mnt, Path(f"{first}.2"))
+    out = run_cli("mount", str(repo), str(mnt), env=env).stdout
+    assert "resumed session" not in out
+    (mnt / "agent.txt").write_text("from the first session\n")
+    run_cli("--mount", str(mnt), "checkpoint", "one", env=env)
+    run_cli("unmount", str(mnt), env=env)
+
+    out = run_cli("mount", str(repo), str(mnt), env=env).stdout
+    lines = out.splitlines()
+    assert len(lines) == 3 and lines[1].startswith(f"resumed session 1 of {repo} (started ")
+    assert "never applied to the repo" in lines[1] and "--new" in lines[2]
+    assert (mnt / "agent.txt").exists()
+    run_cli("unmount", str(mnt), env=env)
+
+    out = run_cli("mount", str(repo), str(mnt), "--new", env=env).stdout
+    assert "resumed session" not in out and f"(store {first}.2)" in out
+    assert not (mnt / "agent.txt").exists()  # fresh: the repo as it is
+    seen = listed(env, repo)
+    assert [(s["id"], s["default"], s["mounted"]) for s in seen["sessions"]] == [
+        (1, False, None), (2, True, str(mnt))]
+    one = seen["sessions"][0]
+    assert one["store"] == str(first) and one["checkpoints"] >= 2 and one["unapplied"] >= 1
+    assert one["size_bytes"] > 0 and one["created"] <= one["last_activity"]
+    text = run_cli("sessions", str(repo), env=env).stdout
+    assert str(first) in text and str(mnt) in text
+    run_cli("unmount", str(mnt), env=env)
+
+    out = run_cli("mount", str(repo), str(mnt), "--json", env=env).stdout
+    assert json.loads(out)["resumed"]["text"].startswith("resumed session 2 of")
+    run_cli("unmount", str(mnt), env=env)
+    assert "dropped session 1" in run_cli("drop", "1", "--repo", str(repo), env=env).stdout
+    assert not first.exists()
+    assert [s["id"] for s in listed(env, repo)["sessions"]] == [2]
+    assert (repo / "agent.txt").exists() is False  # nothing was ever applied
+
+
+def test_drop_refuses_a_mounted_session_and_bad_input_changes_nothing(
+        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    store = default_store(repo)
+    torn_down(mnt, store)
+    run_cli("mount", str(repo), str(mnt), env=env)
+    for args, says in ((["drop", "1", "--repo", str(repo)], f"is mounted at {mnt}: unmount it first"),
+                       (["drop", str(store)], "is mounted at"),
+                       (["drop", "9", "--repo", str(repo)], "has no session 9"),
+                       (["drop", str(repo)], "is not an overlayckpt session store"),
+                       (["mount", str(repo), str(tmp_path), "--new", "--store", str(tmp_path / "s")],
+                        "give --new or --store, not both"),
+                       (["sessions", str(tmp_path / "nowhere")], "is not a directory")):
+        proc = run_cli(*args, check=False, env=env)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert (store / "data.mdb").exists() and not (tmp_path / "s").exists()
+    assert [s["id"] for s in listed(env, repo)["sessions"]] == [1]
+    run_cli("unmount", str(mnt), env=env)
+    wait_daemon_gone(store)
+
+
+def test_a_store_made_before_sessions_were_numbered_is_session_1(
+        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    store = default_store(repo)
+    torn_down(mnt, store)
+    run_cli("mount", str(repo), str(mnt), "--store", str(store), env=env)  # the old default path
+    (mnt / "kept.txt").write_text("kept\n")
+    run_cli("unmount", str(mnt), env=env)
+    wait_daemon_gone(store)
+    info = json.loads((store / "session.json").read_text())
+    info.pop("created")  # as an older overlayckpt wrote it
+    (store / "session.json").write_text(json.dumps(info))
+    seen = listed(env, repo)["sessions"]
+    assert [(s["id"], s["store"]) for s in seen] == [(1, str(store))] and seen[0]["created"]
+    out = run_cli("mount", str(repo), str(mnt), env=env).stdout
+    assert "resumed session 1 of" in out and (mnt / "kept.txt").read_text() == "kept\n"
+    run_cli("unmount", str(mnt), env=env)
+    wait_daemon_gone(store)
