@@ -171,9 +171,16 @@ def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tupl
 
 class WriteTxn(ReadTxn):
     def put(self, table: bytes, key: bytes, value: bytes, append: bool = False) -> None:
-        if table == BLOCKS and value[:1] == _RAW and len(key) == _DIGEST:
-            key, value = self._split(key, value)
+        if table == BLOCKS and len(key) == _DIGEST:  # (an import's, a salvage's)
+            self.delete(BLOCKS, key)  # one entry per digest, split or whole
+            self._put_block(key, value)
+            return
         self.txn.put(key, value, db=self.store.dbs[table], append=append)
+
+    def _put_block(self, digest: bytes, value: bytes) -> None:
+        if value[:1] == _RAW:
+            digest, value = self._split(digest, value)
+        self.txn.put(digest, value, db=self.store.dbs[BLOCKS])
 
     def _split(self, digest: bytes, value: bytes) -> tuple[bytes, bytes]:
         """_RAW + a block as BLOCKS holds it: split when that saves a page."""
@@ -197,7 +204,7 @@ class WriteTxn(ReadTxn):
         digest = blake3.blake3(data).digest()
         if self._block_entry(digest) is None:
             raw = self.store.encode_block(data)
-            self.put(BLOCKS, digest, raw)
+            self._put_block(digest, raw)
             self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
         return digest
 
