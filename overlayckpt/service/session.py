@@ -26,7 +26,7 @@ from overlayckpt.service.registry import COMMANDS, DURABLE, command
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY
+from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,9 @@ async def _status(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(r: ReadTxn) -> dict[str, Any]:
-    """What `sessions` and a resumed mount show: checkpoints, and how many of them came
-    after the state last applied to the repo (all but the start if none was)."""
+    """What `sessions` and a resumed mount show: checkpoints, and how many changes came
+    after the state last applied to the repo (all but the start if none was): the
+    checkpoints after it, and the changes not in a checkpoint yet (an open group)."""
     applied = r.meta_int(APPLIED_KEY, 0)
     unapplied = 0
     newest = None
@@ -181,6 +182,8 @@ def summary(r: ReadTxn) -> dict[str, Any]:
         newest = newest or ck
         if ck.id == 0 or ck.seq <= applied:
             break
+        unapplied += 1
+    if r.meta_int(SEQ_KEY, 1) > max(applied, newest.seq if newest else 1):
         unapplied += 1
     return {"checkpoints": r.count(CKPTS), "unapplied": unapplied, "applied": applied > 0,
             "last_checkpoint": iso_time(newest.time_ns) if newest else None}
