@@ -443,8 +443,8 @@ class Incompressible(Workload):
     CHUNK = 1024 * 1024
 
     def run(self, c, ctx, start, count, out):
-        rng = random.Random(23)
         for i in range(start, start + count):
+            rng = random.Random(23 + i)  # new bytes each time (the same would be deduplicated)
             path = c.root / f"bench-random-{i}.bin"
             _, d0 = c.store_bytes()
             t0 = now()
