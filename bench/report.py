@@ -150,6 +150,10 @@ def spec_checks(results: dict) -> list[tuple[str, str, str]]:
                          ("many_small_create", fo, 2.0), ("many_small_rm", fo, 2.0)):
         r = ratio(_p(big, m, oc), _p(big, m, base))
         out.append((f"{m} ≤ {lim}× {base} ({at})", fmt_ratio(r) or "–", verdict(None if r is None else r <= lim)))
+    inc = sorted(big.get("store_incompressible", {}).get(oc, []))
+    r = inc[len(inc) // 2] if inc else None
+    out.append(("store growth for 256 MiB of random bytes ≤ 1.1× its size",
+                fmt_ratio(r) or "–", verdict(None if r is None else r <= 1.1)))
     g = big.get("store_growth", {})
     if oc in g and sg in g:
         a, b = g[oc]["apparent_bytes_per_edit"], g[sg]["apparent_bytes_per_edit"]
@@ -313,6 +317,13 @@ def markdown(results: dict) -> str:
                 g = growth[n]
                 lines.append(f"| {n} | {g['edits']} | {fmt_bytes(g['apparent_bytes_per_edit'])} | "
                              f"{fmt_bytes(g['disk_bytes_per_edit'])} | {fmt_bytes(g['store_apparent_bytes'])} |")
+            lines.append("")
+        inc = size.get("store_incompressible", {})
+        if inc:
+            lines += ["### Store growth for 256 MiB of random bytes (allocated bytes / bytes written)", "",
+                      "| contender | runs | growth |", "|---|---:|---:|"]
+            lines += [f"| {n} | {len(inc[n])} | {' '.join(fmt_ratio(r) for r in inc[n])} |"
+                      for n in sorted(inc, key=contender_key)]
             lines.append("")
         hl = size.get("history_length", {})
         ver = size.get("restore_verification", {})

@@ -430,6 +430,38 @@ class SeqIO(Workload):
             ctx.tick(1)
 
 
+class Incompressible(Workload):
+    """Store growth for incompressible data: 256 MiB of random bytes (1 MiB writes, fsync)
+    and a checkpoint, the store's allocated bytes before and after (issue 18: <= 1.1x;
+    a few MiB of it are pages the store reuses, whatever the size)."""
+
+    name = "incompressible"
+    only_checkpoint = True
+    iterations = (1, 3)
+    rounds = (1, 3)
+    SIZE = 256 * 1024 * 1024
+    CHUNK = 1024 * 1024
+
+    def run(self, c, ctx, start, count, out):
+        for i in range(start, start + count):
+            rng = random.Random(23 + i)  # new bytes each time (the same would be deduplicated)
+            path = c.root / f"bench-random-{i}.bin"
+            _, d0 = c.store_bytes()
+            t0 = now()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for _ in range(self.SIZE // self.CHUNK):
+                os.write(fd, rng.randbytes(self.CHUNK))
+            os.fsync(fd)
+            os.close(fd)
+            c.checkpoint()
+            _add(out, "random_write_256m", now() - t0)
+            _, d1 = c.store_bytes()
+            ctx.extra.setdefault("store_incompressible", {}).setdefault(c.name, []).append(
+                (d1 - d0) / self.SIZE)
+            os.unlink(path)
+            ctx.tick(1)
+
+
 class TreeCommand(Workload):
     """A whole-tree command (``git status``, ``tar``), cold then warm.
 
@@ -610,6 +642,7 @@ def all_workloads() -> list[Workload]:
         BigFileEdit(),
         SeqIO(),
         ManySmall(),
+        Incompressible(),
         TreeCommand("git_status", ["git", "status", "--porcelain"], iterations=(1, 3), warm_runs=(2, 3)),
         # GNU tar skips reading data when writing straight to /dev/null: pipe through cat.
         TreeCommand("tar", ["bash", "-o", "pipefail", "-c", "tar cf - . | cat > /dev/null"],

@@ -16,7 +16,8 @@ import msgpack
 
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
-FORMAT_VERSION = 3  # 2: the history index; 3: GROUPFILES; 1 and 2 are upgraded at open
+FORMAT_VERSION = 3  # 2: the history index; 3: GROUPFILES and split raw blocks; older
+# formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1

@@ -44,3 +44,4 @@ REPO_KEY = b"repo"                # the repo's absolute path, should session.jso
 HISTORY_KEY = b"history"          # present when the history index matches the journal
 GROUPFILES_KEY = b"groupfiles"    # present when GROUPFILES matches the journal
 DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are rebuilt at open
+APPLIED_KEY = b"applied"          # the journal position the repo was last applied at

@@ -17,6 +17,7 @@ import pytest
 from overlayckpt.store import synced
 from overlayckpt.errors import StoreDamaged
 from overlayckpt.tables import REPO_KEY
+from overlayckpt.store import lmdbstore
 from overlayckpt.store.lmdbstore import Store
 
 TABLE = b"conv"
@@ -60,7 +61,12 @@ def _crash_image(durable: Path, live: Path, out: Path, rng: random.Random) -> in
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_cut_after_a_sync_point_rolls_back_to_it(tmp_path: Path, seed: int) -> None:
+def test_cut_after_a_sync_point_rolls_back_to_it(tmp_path: Path, seed: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # the commits after the sync point must stay unsynced: no automatic sync point among
+    # them (one would record a newer snapshot, which the image here would not hold)
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_COMMITS", 1 << 30)
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_PAGES", 1 << 30)
     rng = random.Random(seed)
     live, durable = tmp_path / "live", tmp_path / "durable"
     store = Store.open(str(live))
@@ -161,8 +167,13 @@ def test_the_record_survives_a_torn_slot(tmp_path: Path) -> None:
     assert older is not None and older.counter == last.counter - 1
 
 
-def test_recover_salvages_a_damaged_store_and_keeps_it(tmp_path: Path) -> None:
+def test_recover_salvages_a_damaged_store_and_keeps_it(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import run_cli
+    # one sync point only: the last page is then one of the tree's (lmdb.verify checks
+    # those), not a reused page holding a value (no checksum would tell its damage)
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_COMMITS", 1 << 30)
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_PAGES", 1 << 30)
     rng = random.Random(5)
     path = tmp_path / "s"
     (tmp_path / "repo").mkdir()

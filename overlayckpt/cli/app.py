@@ -30,6 +30,9 @@ def _mount_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=float, default=None,
                    help="seconds of idleness that end an automatic checkpoint (0: one per operation)")
     p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
+    p.add_argument("--new", action="store_true",
+                   help="start a fresh session of the repo instead of resuming the newest "
+                        "(the old ones are kept: 'overlayckpt sessions' lists them)")
 
 
 class _Skipped:
@@ -105,6 +108,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ih.add_argument("--project", default=".",
                     help="project whose .claude/settings.local.json loses our old hooks (default: current)")
 
+    ss = sub.add_parser("sessions", help="the repo's sessions: created, last activity, "
+                                         "checkpoints, size, mounted, the default")
+    ss.add_argument("repo", nargs="?", help="default: the mount or repo containing the current directory")
+    dr = sub.add_parser("drop", help="delete a session (not a mounted one): its id in "
+                                     "'overlayckpt sessions', or its store directory")
+    dr.add_argument("session")
+    dr.add_argument("--repo", help="the repo whose session ID is meant (default: as for sessions)")
+
     sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "
                                "(stdio): timeline, diff, checkpoint, restore")
 
@@ -135,6 +146,7 @@ def _command_in(argv: list[str]) -> str | None:
 # the commands of daemon.py and hooks.py; every other one is timeline.py's (or export.py's)
 DAEMON_COMMANDS = ("mount", "unmount", "run", "status", "recover")
 HOOK_COMMANDS = ("hook", "install-hooks")
+SESSION_COMMANDS = ("sessions", "drop")
 
 
 def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
@@ -144,6 +156,9 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command == "mcp":
         from overlayckpt.cli.mcp import cmd_mcp  # (imports the mcp package only here)
         return cmd_mcp
+    if command in SESSION_COMMANDS:
+        from overlayckpt.cli import sessions
+        return getattr(sessions, "cmd_" + command)  # type: ignore[no-any-return]
     if command in HOOK_COMMANDS:
         from overlayckpt.cli import hooks
         return getattr(hooks, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]

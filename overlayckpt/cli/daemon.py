@@ -50,10 +50,11 @@ def prepare_mountpoint(mountpoint: str) -> None:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from overlayckpt.store.info import default_store_dir, read_info
+    from overlayckpt.cli.sessions import store_for
+    from overlayckpt.store.info import read_info
     repo = resolve_repo(args.repo)
     mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
-    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    store = store_for(repo, args.store, getattr(args, "new", False))
     prepare_mountpoint(mountpoint)
     info = read_info(store)
     if info.get("repo") and info["repo"] != repo:
@@ -66,10 +67,24 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from overlayckpt.mount import run_daemon
         return run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
                           apply_on_exit=apply, allow_other=args.allow_other)
+    resumed = os.path.exists(os.path.join(store, "data.mdb"))
     spawn_daemon(repo, mountpoint, store, args, apply)
-    emit(args, {"repo": repo, "mountpoint": mountpoint, "store": store},
-         lambda r: f"mounted {repo} at {mountpoint} (store {store})")
+    result: dict[str, Any] = {"repo": repo, "mountpoint": mountpoint, "store": store}
+    result["resumed"] = resumed_session(repo, mountpoint, store) if resumed else None
+    emit(args, result, lambda r: f"mounted {repo} at {mountpoint} (store {store})"
+         + (f"\n{r['resumed']['text']}" if r["resumed"] else ""))
     return 0
+
+
+def resumed_session(repo: str, mountpoint: str, store: str) -> dict[str, Any] | None:
+    """What a mount says of the session it resumed (cli/sessions.py); None if the daemon
+    cannot tell: the mount itself went well."""
+    from overlayckpt.cli.sessions import announce
+    try:
+        return announce(repo, mountpoint, store)
+    except UserError as e:
+        logging.getLogger(__name__).info("no summary of the resumed session: %s", e)
+        return None
 
 
 def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
@@ -169,8 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return subprocess.call(unshare + ["--"] + argv, env=env)
     if private == "user":  # the command without the namespace's capabilities: it cannot unmount the overlay
         cmd = ["unshare", "--user", "--map-current-user", "--"] + cmd
-    from overlayckpt.store.info import default_store_dir
-    store = os.path.abspath(args.store) if args.store else default_store_dir(repo)
+    from overlayckpt.cli.sessions import store_for
+    store = store_for(repo, args.store, getattr(args, "new", False))
     prepare_mountpoint(repo)
     apply = args.apply if args.apply is not None else not args.private
     spawn_daemon(repo, repo, store, args, apply)

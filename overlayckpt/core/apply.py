@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,12 +26,13 @@ from overlayckpt.core import history
 from overlayckpt.core.context import Context
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
+from overlayckpt.core.seen import is_git_index, repo_digest
 from overlayckpt.records import (
     CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, Node, from_u64, lower_ino, pack_obj, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
-from overlayckpt.tables import DIRENTS, NODES, PINNED, SEEN
+from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, PINNED, SEEN, SEQ_KEY
 
 
 
@@ -164,36 +166,53 @@ class Applier:
         conflicts = []
         for path, seen in self._seen():
             real = lstat_beneath(self.fd, path)
-            if seen == seen_fingerprint(real):
-                continue
-            if real is None or not stat.S_ISREG(real.st_mode):
-                conflicts.append(path)
-                continue
-            try:
-                live_ino = self.ov.resolve(state, os.fsdecode(path))
-                node: Node | None = self.ov.node(state, live_ino)
-            except FsError:
-                node = None
-            if node is None or not node.is_reg or node.size != real.st_size:
-                conflicts.append(path)
-                continue
+            if seen[:3] != seen_fingerprint(real):
+                why = self._conflict(state, path, seen, real)
+                if why is not None:
+                    conflicts.append(why)
+        if conflicts:
+            more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+            raise UserError(f"the repo itself changed since the session first changed these "
+                            f"files ({'; '.join(conflicts[:3])}{more}): applying would overwrite "
+                            "that; save those changes, or apply --force")
+
+    def _conflict(self, state: Any, path: bytes, seen: list[Any], real: os.stat_result | None
+                  ) -> str | None:
+        """What differs in the repo's copy of path (None: nothing an apply would lose)."""
+        name = os.fsdecode(path)
+        if real is None:
+            return f"{name} was removed in the repo"
+        if not stat.S_ISREG(real.st_mode):
+            return f"{name} is no longer a regular file in the repo"
+        if len(seen) > 3 and repo_digest(self.fd, path, real.st_size) == seen[3]:
+            return None  # rewritten with the same content (a git index: the same entries)
+        try:
+            live_ino = self.ov.resolve(state, name)
+            node: Node | None = self.ov.node(state, live_ino)
+        except FsError:
+            node = None
+        if node is not None and node.is_reg and node.size == real.st_size:
             fd = openat2_beneath(self.fd, path, os.O_RDONLY)
             try:
-                same = self._same_content(fd, state, live_ino, node)
+                if self._same_content(fd, state, live_ino, node):
+                    return None
             finally:
                 os.close(fd)
-            if not same:
-                conflicts.append(path)
-        if conflicts:
-            shown = ", ".join(os.fsdecode(p) for p in conflicts[:5])
-            more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
-            raise UserError(f"the repo itself changed since the session began ({shown}{more}): "
-                            "applying would overwrite that; save those changes, or apply --force")
+        if is_git_index(path) and len(seen) > 3:
+            return f"{name} stages other entries in the repo than when the session began"
+        how = [f"size {seen[1]} -> {real.st_size} bytes"] if seen[1] != real.st_size else []
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(real.st_mtime_ns / 1e9))
+        how.append(f"modified {when}" if seen[2] != real.st_mtime_ns else "replaced")
+        return f"{name} changed in the repo after the session changed it ({', '.join(how)})"
 
     def remember_repo(self) -> None:
         """After an apply the repo holds what we wrote: that is what later applies compare with."""
-        updates = [(b"/" + path, pack_obj(seen_fingerprint(lstat_beneath(self.fd, path))))
-                   for path, _ in self._seen()]
+        updates = []
+        for path, _ in self._seen():
+            st = lstat_beneath(self.fd, path)
+            record: list[Any] = seen_fingerprint(st)
+            digest = repo_digest(self.fd, path, st.st_size) if st and stat.S_ISREG(st.st_mode) else None
+            updates.append((b"/" + path, pack_obj(record + ([digest] if digest else []))))
 
         def fn(w: Any) -> None:
             for key, value in updates:
@@ -343,7 +362,15 @@ def seen_fingerprint(st: os.stat_result | None) -> list[int]:
 
 
 def apply_live(ctx: Context, force: bool = False) -> dict[str, int]:
-    return Applier(ctx).apply(_LiveState(ctx), [], [], force)
+    seq = ctx.store.read(lambda r: r.meta_int(SEQ_KEY, 1))
+    stats = Applier(ctx).apply(_LiveState(ctx), [], [], force)
+    _applied_at(ctx.store, seq)
+    return stats
+
+
+def _applied_at(store: Store, seq: int) -> None:
+    """The repo holds the state before journal position seq (sessions shows what came after)."""
+    store.write(lambda w: w.set_meta_int(APPLIED_KEY, seq))
 
 
 class _LiveState:
@@ -372,6 +399,8 @@ def apply_checkpoint(ctx: Context, ref: Any, force: bool = False) -> dict[str, i
         since = list(history.changed_since(r, ck.seq))  # what the live records no longer show
         extra_nodes = sorted({from_u64(k[:8]) for code, k in since if code == T_NODES})
         extra_dirs = sorted({from_u64(k[:8]) for code, k in since if code == T_DIRENTS})
-        return Applier(ctx).apply(state, extra_nodes, extra_dirs, force)
+        stats = Applier(ctx).apply(state, extra_nodes, extra_dirs, force)
     finally:
         ctx.store.end_read(r)
+    _applied_at(ctx.store, ck.seq)
+    return stats

@@ -23,6 +23,7 @@ from overlayckpt.errors import FsError
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
+from overlayckpt.core.seen import seen_record
 from overlayckpt.records import (
     CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
     T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
@@ -124,7 +125,7 @@ class Overlay(Tree):
                 # what the repo held when we first changed it: apply checks it is still so
                 key = b"/" + node.origin
                 if m.get(SEEN, key) is None:
-                    m.w.put(SEEN, key, pack_obj([ino, node.size, node.mtime_ns]))
+                    m.w.put(SEEN, key, pack_obj(seen_record(self.lower, ino, node)))
         return node
 
     def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False) -> None:

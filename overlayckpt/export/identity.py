@@ -123,6 +123,6 @@ def seen_files(r: ReadTxn, identity: Identity) -> list[list[Any]]:
     for k, v in r.range_from(SEEN):
         found = identity(k[1:])
         if (found is not None and stat.S_ISREG(found[0].st_mode)
-                and unpack_obj(v) == seen_fingerprint(found[0])):
+                and unpack_obj(v)[:3] == seen_fingerprint(found[0])):
             out.append([k[1:], found[1][1], found[1][2]])
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,9 @@ from overlayckpt.errors import ReaderFailed, UserError
 from overlayckpt.core.workers import off_loop
 from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, command
 from overlayckpt.store.info import read_info, write_info
-from overlayckpt.store.lmdbstore import ReaderStore, Store
-from overlayckpt.tables import BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY
+from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
+from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
+from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,9 @@ class Session:
             lower.close()
             raise
         info.update(repo=os.path.realpath(repo), window=window, block_size=store.block_size)
+        if "created" not in info:  # (a store made before sessions were listed: its start)
+            origin = store.read(lambda r: r.get(CKPTS, u64(0)))
+            info["created"] = iso_time(Checkpoint.unpack(0, origin).time_ns if origin else time.time_ns())
         write_info(store_dir, info)
         ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
                       invalidate=invalidate, flush_kernel=flush_kernel)
@@ -191,6 +196,31 @@ class Session:
 @command("status")
 async def _status(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return s.status()
+
+
+def summary(r: ReadTxn) -> dict[str, Any]:
+    """What `sessions` and a resumed mount show: checkpoints, and how many changes came
+    after the state last applied to the repo (all but the start if none was): the
+    checkpoints after it, and the changes not in a checkpoint yet (an open group)."""
+    applied = r.meta_int(APPLIED_KEY, 0)
+    unapplied = 0
+    newest = None
+    for k, v in r.range_from(CKPTS, reverse=True):
+        ck = Checkpoint.unpack(from_u64(k), v)
+        newest = newest or ck
+        if ck.id == 0 or ck.seq <= applied:
+            break
+        unapplied += 1
+    if r.meta_int(SEQ_KEY, 1) > max(applied, newest.seq if newest else 1):
+        unapplied += 1
+    return {"checkpoints": r.count(CKPTS), "unapplied": unapplied, "applied": applied > 0,
+            "last_checkpoint": iso_time(newest.time_ns) if newest else None}
+
+
+@command("summary")
+async def _summary(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.workers import read_off_loop
+    return {**await read_off_loop(s.store, summary), "created": read_info(s.store.path).get("created")}
 
 
 @command("set_apply")

@@ -20,7 +20,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -43,12 +43,24 @@ T = TypeVar("T")
 
 
 # Block values start with one byte saying how the rest is encoded.
-_RAW, _ZSTD = b"\0", b"\1"
+_RAW, _ZSTD, _SPLIT = b"\0", b"\1", b"\2"
+# A value over half a page goes to a run of overflow pages, which holds n * psize - 16
+# bytes: a raw 4 KiB block (4097 bytes) would take two pages. So a raw block's last
+# bytes ride in its key instead (digest + tail -> _SPLIT + the rest, format 3): the
+# value fills its pages exactly. ReadTxn and WriteTxn take and give the digest and
+# _RAW + the whole block, so no caller and no decode_block ever sees a split one.
+_PAGE_HEADER = 16
+_DIGEST = 32
 _INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
 # A pin keeps LMDB from reusing any page freed after it, so a burst of commits (a package
 # install) would write every commit to fresh pages until the next sync point: one starts,
 # off the writer's thread, after this many commits since the last.
-AUTO_POINT_COMMITS = 500
+AUTO_POINT_COMMITS = 100
+# or once the file has grown by this many pages: no page a commit frees (each copies the
+# pages it changes: about one leaf of BLOCKS per new block, its keys being random) is
+# reused while the pin holds, so without this a big file or a long burst left as much
+# garbage as it had data (a git gc: 2.4x the pack's size)
+AUTO_POINT_PAGES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +78,23 @@ class ReadTxn:
         self._cursors: dict[bytes, "lmdb.Cursor"] = {}  # seek's and seek_before's, one per table
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
+        if table == BLOCKS:
+            found = self._block_entry(key)
+            return None if found is None else _whole(*found)[1]
         return self.txn.get(key, db=self.store.dbs[table])
+
+    def _block_entry(self, digest: bytes) -> tuple[bytes, bytes] | None:
+        """The BLOCKS entry of digest as stored (its key may carry a split block's tail)."""
+        cur = self._cursor(BLOCKS)
+        if cur.set_range(digest) and cur.key()[:_DIGEST] == digest:
+            return cur.item()
+        return None
 
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         cur = self.txn.cursor(db=self.store.dbs[table])
         if not cur.set_range(prefix):
             return
-        for k, v in cur:
+        for k, v in _wholes(table, cur):
             if not k.startswith(prefix):
                 return
             yield k, v
@@ -90,25 +112,25 @@ class ReadTxn:
                     return
             elif not cur.last():
                 return
-            yield from cur.iterprev()
+            yield from _wholes(table, cur.iterprev())
         else:
             if start:
                 if not cur.set_range(start):
                     return
             elif not cur.first():
                 return
-            yield from cur.iternext()
+            yield from _wholes(table, cur.iternext())
 
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
-        return cur.item() if cur.set_range(key) else None
+        return _whole_in(table, cur.item()) if cur.set_range(key) else None
 
     def seek_before(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The last entry with a key < key, or None."""
         cur = self._cursor(table)
         found = cur.prev() if cur.set_range(key) else cur.last()
-        return cur.item() if found else None
+        return _whole_in(table, cur.item()) if found else None
 
     def _cursor(self, table: bytes) -> "lmdb.Cursor":
         cur = self._cursors.get(table)
@@ -119,7 +141,7 @@ class ReadTxn:
     def block(self, digest: bytes) -> bytes:
         if digest == ZERO_BLOCK:
             return bytes(self.store.block_size)
-        raw = self.txn.get(digest, db=self.store.dbs[BLOCKS])
+        raw = self.get(BLOCKS, digest)
         if raw is None:
             raise FsError(errno.EIO, f"block {digest.hex()} missing from store")
         return self.store.decode_block(raw)
@@ -132,11 +154,47 @@ class ReadTxn:
         return self.txn.stat(self.store.dbs[table])["entries"]
 
 
+def _whole(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """A BLOCKS entry as callers see it: a split block's tail back after its value."""
+    if value[:1] == _SPLIT:
+        return key[:_DIGEST], _RAW + value[1:] + key[_DIGEST:]
+    return key, value
+
+
+def _whole_in(table: bytes, item: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+    return _whole(*item) if table == BLOCKS else item
+
+
+def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tuple[bytes, bytes]]:
+    return (_whole(k, v) for k, v in items) if table == BLOCKS else items
+
+
 class WriteTxn(ReadTxn):
     def put(self, table: bytes, key: bytes, value: bytes, append: bool = False) -> None:
+        if table == BLOCKS and len(key) == _DIGEST:  # (an import's, a salvage's)
+            self.delete(BLOCKS, key)  # one entry per digest, split or whole
+            self._put_block(key, value)
+            return
         self.txn.put(key, value, db=self.store.dbs[table], append=append)
 
+    def _put_block(self, digest: bytes, value: bytes) -> None:
+        if value[:1] == _RAW:
+            digest, value = self._split(digest, value)
+        self.txn.put(digest, value, db=self.store.dbs[BLOCKS])
+
+    def _split(self, digest: bytes, value: bytes) -> tuple[bytes, bytes]:
+        """_RAW + a block as BLOCKS holds it: split when that saves a page."""
+        psize = self.store.psize
+        keep = (len(value) + _PAGE_HEADER) // psize * psize - _PAGE_HEADER - 1
+        tail = len(value) - 1 - keep
+        if len(value) <= psize // 2 or not 0 < tail <= 64:
+            return digest, value  # in a leaf page, fills its pages, or too long a tail
+        return digest + value[1 + keep:], _SPLIT + value[1:1 + keep]
+
     def delete(self, table: bytes, key: bytes) -> None:
+        if table == BLOCKS:
+            found = self._block_entry(key)
+            key = key if found is None else found[0]
         self.txn.delete(key, db=self.store.dbs[table])
 
     def put_block(self, data: bytes) -> bytes:
@@ -144,10 +202,9 @@ class WriteTxn(ReadTxn):
         if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
             return ZERO_BLOCK
         digest = blake3.blake3(data).digest()
-        db = self.store.dbs[BLOCKS]
-        if self.txn.get(digest, db=db) is None:
+        if self._block_entry(digest) is None:
             raw = self.store.encode_block(data)
-            self.txn.put(digest, raw, db=db)
+            self._put_block(digest, raw)
             self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
         return digest
 
@@ -195,7 +252,9 @@ class Store:
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
                 for key in DERIVED_KEYS:  # an empty journal: empty derived tables match it
                     w.set_meta_int(key, 1)
-            elif 0 < version < FORMAT_VERSION:  # the new tables are there, empty: open fills them
+            elif 0 < version < FORMAT_VERSION:
+                # the new tables are there, empty: open fills them; from 2 only blocks
+                # stored from now on are split
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
             if version == 0 and not new or version > FORMAT_VERSION:
                 txn.abort()
@@ -206,7 +265,7 @@ class Store:
                 raise UserError(f"store {path} has format {version}, newer than this "
                                 f"overlayckpt understands ({FORMAT_VERSION}): upgrade overlayckpt")
         self.block_size = self.read(lambda r: r.meta_int(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE))
-        self._psize = env.stat()["psize"]
+        self._psize = self.psize = env.stat()["psize"]
         self._data_fd = os.open(os.path.join(path, synced.DATA_NAME), os.O_RDONLY | os.O_CLOEXEC)
         self._synced_fd = synced.open_file(path)
         self._ident = synced.incarnation(path)
@@ -216,6 +275,7 @@ class Store:
         self._pins: list[tuple[SyncPoint, "lmdb.Transaction"]] = []  # oldest first
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
         self._since_point = 0  # commits since the last sync point began
+        self._point_pages = 0  # the file's pages when the last sync point began
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._auto: Future[None] | None = None  # the automatic sync point under way
         if new:
@@ -305,8 +365,11 @@ class Store:
         """
         result = self._commit(fn)
         self._since_point += 1
-        self._finish_auto(wait=False)
-        if self._auto is None and self._since_point >= AUTO_POINT_COMMITS:
+        grown = self.env.info()["last_pgno"] - self._point_pages
+        # a writer faster than the disk waits for it, rather than growing the store
+        self._finish_auto(wait=grown >= 4 * AUTO_POINT_PAGES)
+        if self._auto is None and (self._since_point >= AUTO_POINT_COMMITS
+                                   or grown >= AUTO_POINT_PAGES):
             point = self.sync_begin()
             if point is not None:
                 self._auto = self._flusher.submit(self.sync_flush, point)
@@ -370,6 +433,7 @@ class Store:
     def sync_begin(self) -> SyncPoint | None:
         """Pin the newest snapshot (writer's thread); None if it is already durable."""
         self._since_point = 0
+        self._point_pages = self.env.info()["last_pgno"]
         txn = self.env.begin(buffers=False)
         txnid = txn.id()
         if txnid <= self._durable or (self._pins and self._pins[-1][0].txnid == txnid):

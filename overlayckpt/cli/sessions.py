@@ -1,0 +1,208 @@
+"""A repo's sessions: where their stores are, which one a mount resumes, `sessions`, `drop`.
+
+A repo's sessions live in the data directory, named after the repo
+(store/info.py's default_store_dir): session 1 at that very path (where every
+store was before sessions were numbered, so old stores stay session 1), each
+later one, made by `mount --new`, beside it with a suffix (`.2`, `.3`, ...). A
+mount without --store resumes the newest: that is the default session. A store
+given with --store is a session of its own and is not numbered here.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import shutil
+import time
+from typing import Any
+
+from overlayckpt.cli import client
+from overlayckpt.cli.target import emit, find_mount
+from overlayckpt.errors import UserError
+from overlayckpt.store.info import default_store_dir, read_info
+
+
+def is_store(path: str) -> bool:
+    return all(os.path.isfile(os.path.join(path, f)) for f in ("data.mdb", "lock.mdb"))
+
+
+def numbered(repo: str) -> list[tuple[int, str]]:
+    """The repo's sessions in the data directory, (id, store), oldest first."""
+    base = default_store_dir(repo)
+    parent, name = os.path.split(base)
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return []
+    out = [(1, base)] if name in entries and is_store(base) else []
+    for entry in entries:
+        suffix = entry[len(name) + 1:]
+        if entry.startswith(name + ".") and suffix.isdigit() and int(suffix) > 1:
+            path = os.path.join(parent, entry)
+            if is_store(path):
+                out.append((int(suffix), path))
+    return sorted(out)
+
+
+def store_for(repo: str, store: str | None, new: bool) -> str:
+    """The store a mount of repo uses: --store, a new numbered one (--new), or the default."""
+    if store:
+        if new:
+            raise UserError("--new picks a new store itself: give --new or --store, not both")
+        return os.path.abspath(store)
+    found = numbered(repo)
+    if not found:
+        return default_store_dir(repo)
+    if not new:
+        return found[-1][1]
+    return f"{default_store_dir(repo)}.{found[-1][0] + 1}"
+
+
+def _ago(iso: str | None) -> str:
+    if not iso:
+        return "at an unknown time"
+    import datetime
+    seconds = time.time() - datetime.datetime.fromisoformat(iso).timestamp()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"
+
+
+def announce(repo: str, mountpoint: str, store: str) -> dict[str, Any]:
+    """A resumed session's summary from its daemon, and the lines a mount prints of it."""
+    summary = client.send(mountpoint, {"cmd": "summary"})
+    ids = {path: n for n, path in numbered(repo)}
+    which = f"session {ids[store]}" if store in ids else f"the session in {store}"
+    unapplied = (f"{summary['unapplied']} not yet applied to the repo" if summary["applied"]
+                 else f"{summary['unapplied']} after its start, never applied to the repo")
+    summary["text"] = (
+        f"resumed {which} of {repo} (started {_ago(summary.get('created'))}; "
+        f"{summary['checkpoints']} checkpoints, {unapplied})\n"
+        f"for a fresh one: overlayckpt unmount {mountpoint} --no-apply && "
+        f"overlayckpt mount {repo}{'' if mountpoint == repo else ' ' + mountpoint} --new "
+        "(this one is kept: 'overlayckpt sessions')")
+    return summary
+
+
+# -- sessions, drop -------------------------------------------------------------------
+
+def repo_here(arg: str | None) -> str:
+    """The repo a command means: REPO, else the mount we are in, else the nearest
+    directory up from here that has sessions (else here)."""
+    if arg:
+        if not os.path.isdir(arg):
+            raise UserError(f"repo {arg} is not a directory: give the repo the sessions are of")
+        return os.path.realpath(arg)
+    mnt = find_mount(None)
+    if mnt is not None:
+        return str(client.status(mnt)["repo"])
+    here = d = os.path.realpath(os.getcwd())
+    while True:
+        if numbered(d):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return here
+        d = parent
+
+
+def _disk_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _mounted_at(store: str) -> str | None:
+    info = read_info(store)
+    if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
+        return str(info["mountpoint"])
+    return None
+
+
+def describe(n: int, store: str, default: bool) -> dict[str, Any]:
+    mounted = _mounted_at(store)
+    try:
+        summary = (client.send(mounted, {"cmd": "summary"}) if mounted
+                   else client.offline(store, {"cmd": "summary"}))
+    except (UserError, OSError) as e:
+        summary = {"error": str(e)}
+    mtime = max(os.stat(os.path.join(store, f)).st_mtime for f in ("data.mdb", "lock.mdb"))
+    from overlayckpt.records import iso_time
+    return {"id": n, "store": store, "default": default, "mounted": mounted,
+            "created": summary.pop("created", None) or read_info(store).get("created"),
+            "last_activity": iso_time(int(mtime * 1e9)), "size_bytes": _disk_bytes(store),
+            **summary}
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return ""
+
+
+def _table(r: dict[str, Any]) -> str:
+    if not r["sessions"]:
+        return f"no sessions of {r['repo']} (a mount starts one)"
+    rows = [("", "ID", "CREATED", "LAST ACTIVITY", "CHECKPOINTS", "NOT APPLIED", "SIZE", "MOUNTED",
+             "STORE")]
+    for s in r["sessions"]:
+        rows.append(("*" if s["default"] else "", str(s["id"]), (s["created"] or "?")[:16].replace("T", " "),
+                     s["last_activity"][:16].replace("T", " "),
+                     str(s.get("checkpoints", "?")), str(s.get("unapplied", "?")),
+                     _size(s["size_bytes"]), s["mounted"] or "-", s["store"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"sessions of {r['repo']} (* the default: a mount without --store resumes it)"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"session {s['id']}: {s['error']}" for s in r["sessions"] if "error" in s]
+    return "\n".join(lines)
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    repo = repo_here(args.repo)
+    found = numbered(repo)
+    newest = found[-1][0] if found else None
+    result = {"repo": repo, "default": newest,
+              "sessions": [describe(n, store, n == newest) for n, store in found]}
+    emit(args, result, _table)
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    given = args.session
+    if given.isdigit():
+        repo = repo_here(args.repo)
+        stores = dict(numbered(repo))
+        if int(given) not in stores:
+            raise UserError(f"{repo} has no session {given}: 'overlayckpt sessions' lists them")
+        store = stores[int(given)]
+    else:
+        store = os.path.realpath(given)
+        if not is_store(store):
+            raise UserError(f"{given} is not an overlayckpt session store: give an id or a "
+                            "store path that 'overlayckpt sessions' lists")
+    mounted = _mounted_at(store)
+    if mounted:
+        raise UserError(f"session {given} is mounted at {mounted}: unmount it first")
+    lock_fd = os.open(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:  # the daemon's lock (lmdbstore.Store.open): none may start while we delete
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"session {given} is in use by an overlayckpt daemon: unmount it "
+                            "first") from None
+        freed = _disk_bytes(store)
+        shutil.rmtree(store)
+    finally:
+        os.close(lock_fd)
+    emit(args, {"dropped": store, "freed_bytes": freed},
+         lambda r: f"dropped session {given} (store {store}, {_size(freed)} freed)")
+    return 0
