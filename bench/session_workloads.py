@@ -22,7 +22,8 @@ import json
 import os
 import random
 import subprocess
-import threading
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,26 +83,40 @@ class Probe:
         return now() - t0
 
 
-class CommandLoop(threading.Thread):
-    """Runs CLI commands back to back, in their own processes, until stopped; times each."""
+class CommandLoop:
+    """CLI commands back to back in a process of their own (bench/cmdloop.py), until
+    stopped; times each."""
 
     def __init__(self, commands: list[tuple[str, list[str]]]) -> None:
-        super().__init__(daemon=True, name="stall-commands")
         self.commands = commands
-        self.stop = threading.Event()
         self.times: Samples = {}
         self.errors: list[str] = []
-        self.done = 0
+        self._dots = tempfile.NamedTemporaryFile(prefix="stall-loops-")
+        self._proc: subprocess.Popen[str] | None = None
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for metric, argv in self.commands:
-                t0 = now()
-                r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-                _add(self.times, metric, now() - t0)
-                if r.returncode != 0:
-                    self.errors.append(f"{metric}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
-            self.done += 1
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.cmdloop", self._dots.name, json.dumps(self.commands)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            cwd=Path(__file__).resolve().parent.parent)
+
+    @property
+    def done(self) -> int:
+        """Loops completed so far."""
+        return os.path.getsize(self._dots.name)
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        assert self._proc is not None
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=600)
+        done = self.done
+        self._dots.close()
+        result = json.loads(out) if out.strip() else {"times": {}, "errors": ["the loop died"]}
+        self.times, self.errors = result["times"], result["errors"]
+        self.done_at_stop = done
 
 
 # -- the stall workload ---------------------------------------------------------------
@@ -213,11 +228,10 @@ class Stall(Workload):
             try:
                 self._phase("busy", out, seconds, loop)
             finally:
-                loop.stop.set()
-                loop.join()
+                loop.stop()
             for metric, ns in loop.times.items():
                 out.setdefault(metric, []).extend(ns)
-            facts["busy_loops"] += loop.done
+            facts["busy_loops"] += loop.done_at_stop
             facts["errors"] += loop.errors[:3]
             ctx.tick(1)
 

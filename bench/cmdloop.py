@@ -1,0 +1,40 @@
+"""Runs CLI commands back to back, each in its own process, until SIGTERM; then prints
+the timings as JSON. The stall workload's busy load, in a process of its own: as a
+thread of the bench it would hold the bench process's GIL between the probe's system
+calls, and the probe would time the bench's own waits for it.
+
+argv: a file that gets one byte per completed loop, then the commands as JSON
+([metric, argv] pairs)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+
+def main() -> None:
+    dots, commands = sys.argv[1], json.loads(sys.argv[2])
+    stop = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+    signal.signal(signal.SIGTERM, on_term)
+    times: dict[str, list[int]] = {}
+    errors: list[str] = []
+    with open(dots, "ab", buffering=0) as progress:
+        while not stop:
+            for metric, argv in commands:
+                t0 = time.perf_counter_ns()
+                r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                times.setdefault(metric, []).append(time.perf_counter_ns() - t0)
+                if r.returncode != 0 and not stop:
+                    errors.append(f"{metric}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+            progress.write(b".")
+    json.dump({"times": times, "errors": errors}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
