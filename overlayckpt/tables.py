@@ -39,3 +39,4 @@ CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
 WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
 HISTORY_KEY = b"history"          # present when the history index matches the journal
+RESTORE_FILES_KEY = b"restore_files/"  # + seq: a restore's record still to list its files

@@ -24,7 +24,7 @@ format 1, imported, recovered) has it rebuilt from the journal at open.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from overlayckpt.records import TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
@@ -54,8 +54,15 @@ def _untag(raw: bytes) -> bytes | None:
 # -- writing ---------------------------------------------------------------------
 
 
-def record(w: WriteTxn, group_start: int, seq: int, undo: Undo) -> None:
-    """Index the changes of journal record seq, in the group that began at group_start."""
+def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
+           newest: Sequence[bytes | None] | None = None) -> None:
+    """Index the changes of journal record seq, in the group that began at group_start.
+
+    newest: each undo entry's newest version (its seq, 8 bytes; None: it has none), when
+    the caller knows them (a restore, from its snapshot) and seq begins its group."""
+    if newest is not None:
+        _record_known(w, seq, undo, newest)
+        return
     at, start = u64(seq), u64(group_start)
     for code, key, old in undo:
         vk = vkey(code, key)
@@ -66,6 +73,24 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo) -> None:
             w.delete(CHANGED, last + vk)
         w.put(VERSIONS, vk + at, _tag(old))
         w.put(CHANGED, at + vk, b"")
+
+
+def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | None]) -> None:
+    """record() without a lookup: every key gets a version, written in key order (puts in
+    order touch the same pages); the new CHANGED entries share seq, above every other."""
+    at = u64(seq)
+    rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
+    for vk, old, _ in rows:
+        w.put(VERSIONS, vk + at, _tag(old))
+    for gone in sorted(last + vk for vk, _, last in rows if last is not None):
+        w.delete(CHANGED, gone)
+    for vk, _, _ in rows:
+        w.put(CHANGED, at + vk, b"", append=True)
+
+
+def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:
+    """The seq (8 bytes) of the key's newest version, or None if it has none."""
+    return _newest(r, vkey(code, key))
 
 
 def _newest(r: ReadTxn, vk: bytes) -> bytes | None:
@@ -154,12 +179,13 @@ def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
         yield k[8], k[9:-1]
 
 
-def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None]]:
-    """(code, key, value at seq) of every key changed at or after seq."""
+def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None, bytes]]:
+    """(code, key, value at seq, seq of its newest version) of every key changed at or
+    after seq."""
     at = u64(seq)
     for k, _ in r.range_from(CHANGED, at):
         hit = r.seek(VERSIONS, k[8:] + at)  # there is one: the key changed at or after seq
-        yield k[8], k[9:-1], _untag(hit[1])  # type: ignore[index]
+        yield k[8], k[9:-1], _untag(hit[1]), k[:8]  # type: ignore[index]
 
 
 def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[tuple[bytes, bytes | None]]:

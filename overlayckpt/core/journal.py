@@ -139,8 +139,10 @@ def records(r: ReadTxn, start: int, end: int, undo: bool = True) -> list[Journal
 
 def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
                   changes: tuple[str, ...], undo: list[tuple[int, bytes, bytes | None]],
-                  kind: str, restored_from: int | None = None) -> Checkpoint:
-    """Journal one operation as a checkpoint of its own (a restore), outside any group."""
+                  kind: str, restored_from: int | None = None,
+                  newest: list[bytes | None] | None = None) -> Checkpoint:
+    """Journal one operation as a checkpoint of its own (a restore), outside any group
+    (newest: what the caller knows of the index, history.record)."""
     close_open_group(w)
     seq = next_seq(w)
     if not undo:  # nothing changed in the code: the checkpoint still marks the step
@@ -148,7 +150,7 @@ def append_closed(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
                               restored_from=restored_from)
     rec = JournalRecord(seq, now_ns(), caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
-    history.record(w, seq, seq, undo)
+    history.record(w, seq, seq, undo, newest)
     w.set_meta_int(SEQ_KEY, seq + 1)
     return new_checkpoint(w, seq + 1, seq, kind, None, None, caller.pid, caller.comm,
                           restored_from=restored_from)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from overlayckpt.core import history
 from overlayckpt.core.history import AtCheckpoint
@@ -26,10 +26,13 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, Node, from_u64, u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord, Node, from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, NAMES, NODES
+from overlayckpt.tables import (
+    CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, META, NAMES, NODES, RESTORE_FILES_KEY,
+)
 
 TABLE_CODES = history.TABLE_CODES
 # a restore of some paths warns of files changed with them in at most this many newer groups
@@ -37,14 +40,9 @@ WARN_GROUPS = 1000
 
 
 Delta = dict[tuple[bytes, bytes], "bytes | None"]
-
-
-def delta_since(r: ReadTxn, seq: int) -> Delta:
-    """Values, at journal position seq, of every key changed after it."""
-    delta: Delta = {}
-    for code, key, value in history.values_since(r, seq):
-        delta[(TABLE_NAMES[code], key)] = value
-    return delta
+V = TypeVar("V")
+# (table, key) -> (its value at the target, its value now, its newest version: history.record)
+Rows = dict[tuple[bytes, bytes], "tuple[bytes | None, bytes | None, bytes | None]"]
 
 
 # Between two positions this close, reading their journal records finds the changed keys
@@ -78,6 +76,22 @@ def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, by
     return out, one_sided
 
 
+def _fill_files(w: WriteTxn, seq: int, files: "list[FileChange] | None") -> None:
+    """Write a restore record's file list, if it is still the record left without one."""
+    mark = RESTORE_FILES_KEY + u64(seq)
+    if w.get(META, mark) is None:
+        return
+    w.delete(META, mark)
+    raw = w.get(JOURNAL, u64(seq))
+    if files is None or raw is None:
+        return
+    rec = JournalRecord.unpack(seq, raw)
+    if rec.op == "restore" and not rec.paths:
+        rec = replace(rec, paths=tuple(f.path for f in files),
+                      changes=tuple(f.change for f in files))
+        w.put(JOURNAL, u64(seq), rec.pack())
+
+
 def _under(path: str, wanted: list[str]) -> bool:
     return any(path == w or path.startswith(w + "/") for w in (p.strip("/") for p in wanted))
 
@@ -95,8 +109,7 @@ class Prepared:
     """A restore worked out in a snapshot (Timeline._prepare)."""
     target: Checkpoint
     seq: int  # the journal position of the snapshot
-    delta: Delta  # the keys to write, with their values then
-    files: list[FileChange]
+    rows: Rows  # the keys to write (their value then differs from now)
     warnings: list[str]
 
 
@@ -173,9 +186,10 @@ class Timeline:
                       what: str = "both") -> dict[str, Any]:
         """Put code, conversation or both back to a checkpoint, in one transaction.
 
-        The values to put back and the files they make are found first, in a worker
-        thread and a snapshot, while the mount serves requests; the transaction then
-        adds what was written since that snapshot, and writes."""
+        The values to put back are found first, in a worker thread and a snapshot, while
+        the mount serves requests; the transaction then adds what was written since that
+        snapshot, and writes. The files the restore adds, modifies and deletes are listed
+        in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
         if code:
             await self.ctx.flush_kernel()
@@ -190,7 +204,9 @@ class Timeline:
     def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
                        paths: list[str] | None, what: str,
                        changed: list[tuple[bytes, bytes]]) -> Checkpoint:
-        """The restore's transaction: prep plus what was written since its snapshot."""
+        """The restore's transaction: prep plus what was written since its snapshot. Every
+        change to the live tables appends a journal record, so only the keys of records
+        after the snapshot are read again; the rest is written blind, in key order."""
         code = what in ("code", "both")
         changed.clear()
         close_open_group(w)
@@ -198,47 +214,84 @@ class Timeline:
         self._mark_before_restore(w, caller)
         if what in ("conversation", "both"):
             move_head(w, target.conv_head)
-        delta, files = dict(prep.delta), list(prep.files)
+        rows = prep.rows
         late = records(w, prep.seq, next_seq(w)) if code else []
         if late and paths is not None:  # (rare: redo the selection here, whole)
-            again = self._prepare(w, target, paths, code)
-            delta, files = again.delta, again.files
+            rows = self._prepare(w, target, paths, code).rows
         elif late:
+            rows = dict(rows)
             then = AtCheckpoint(w, target.seq)
-            known = {f.path for f in files}
             for rec in late:
-                for table, key, _ in rec.undo:
-                    delta[(TABLE_NAMES[table], key)] = then.get(TABLE_NAMES[table], key)
-                files += [FileChange(p, "M", None, None) for p in rec.paths if p not in known]
-                known.update(rec.paths)
+                for tcode, key, _ in rec.undo:
+                    table = TABLE_NAMES[tcode]
+                    rows[(table, key)] = (then.get(table, key), w.get(table, key),
+                                          history.newest(w, tcode, key))
         undo: list[tuple[int, bytes, bytes | None]] = []
-        for (table, key), value in delta.items():
-            current = w.get(table, key)
+        newest: list[bytes | None] = []
+        for table, key in sorted(rows):
+            value, current, last = rows[(table, key)]
             if current == value:
                 continue
             undo.append((TABLE_CODES[table], key, current))
+            newest.append(last)
             if value is None:
                 w.delete(table, key)
             else:
                 w.put(table, key, value)
             changed.append((table, key))
-        return append_closed(w, caller, "restore", tuple(f.path for f in files),
-                             tuple(f.change for f in files), undo, "restore", target.id)
+        ck = append_closed(w, caller, "restore", (), (), undo, "restore", target.id, newest)
+        if undo:
+            w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), b"")
+        return ck
 
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
                  code: bool) -> "Prepared":
-        """What a restore to target writes (the keys whose value then differs from now)
-        and the files that makes it add, modify and delete."""
-        delta = delta_since(r, target.seq) if code else {}
+        """What a restore to target writes: the keys whose value then differs from now."""
+        delta: dict[tuple[bytes, bytes], tuple[bytes | None, bytes]] = {}
+        if code:
+            for tcode, key, value, last in history.values_since(r, target.seq):
+                delta[(TABLE_NAMES[tcode], key)] = (value, last)
         warnings: list[str] = []
         if paths is not None:
             delta, warnings = self._select(r, target, delta, paths)
-        writes, one_sided = _differing(r.get, lambda t, k: delta[(t, k)], delta)
-        files = self._file_changes(r, AtCheckpoint(r, target.seq), set(writes), one_sided,
-                                   content=False)
-        if paths is not None:
-            files = [f for f in files if _under(f.path, paths)]
-        return Prepared(target, next_seq(r), writes, files, warnings)
+        rows: Rows = {}
+        for (table, key), (value, last) in delta.items():
+            current = r.get(table, key)
+            if current != value:
+                rows[(table, key)] = (value, current, last)
+        return Prepared(target, next_seq(r), rows, warnings)
+
+    # -- the file lists of restores -------------------------------------------
+
+    async def complete_restores(self) -> int:
+        """List the files each restore added, modified and deleted in its journal record,
+        where it was left for later (restore) or a crash came in between. Off the loop,
+        then one short transaction per record. Returns how many were listed."""
+        done = 0
+        while True:
+            found = await read_off_loop(self.store, self._restore_files)
+            if found is None:
+                return done
+            seq, files = found
+            self.store.write(lambda w: _fill_files(w, seq, files))
+            done += files is not None
+
+    def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
+        """The oldest restore record left without its files, and them (None: it was merged
+        with others by thinning: it lists none)."""
+        hit = r.seek(META, RESTORE_FILES_KEY)
+        if hit is None or not hit[0].startswith(RESTORE_FILES_KEY):
+            return None
+        seq = from_u64(hit[0][len(RESTORE_FILES_KEY):])
+        raw = r.get(JOURNAL, u64(seq))
+        rec = JournalRecord.unpack(seq, raw) if raw is not None else None
+        if rec is None or rec.op != "restore" or rec.paths:
+            return seq, None
+        before, after = AtCheckpoint(r, seq), AtCheckpoint(r, seq + 1)  # exact: its own group
+        keys = {(TABLE_NAMES[t], k) for t, k, _ in rec.undo}
+        one_sided = {from_u64(k) for t, k, old in rec.undo
+                     if TABLE_NAMES[t] == NODES and (old is None) != (after.get(NODES, k) is None)}
+        return seq, self._file_changes(before, after, keys, one_sided, content=False)
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
@@ -261,8 +314,8 @@ class Timeline:
         if inodes or entries:
             await self.ctx.invalidate(sorted(inodes), sorted(entries))
 
-    def _select(self, r: ReadTxn, target: Checkpoint, delta: Delta, paths: list[str]
-                ) -> tuple[Delta, list[str]]:
+    def _select(self, r: ReadTxn, target: Checkpoint, delta: dict[tuple[bytes, bytes], V],
+                paths: list[str]) -> tuple[dict[tuple[bytes, bytes], V], list[str]]:
         """The part of delta that puts only these paths (and what is below them) back."""
         then = AtCheckpoint(r, target.seq)
         keep: set[tuple[bytes, bytes]] = set()
@@ -290,7 +343,7 @@ class Timeline:
                 if ino_then is None or ino_now is None:
                     if not last and ino_then is None:
                         break
-        selected: Delta = {}
+        selected: dict[tuple[bytes, bytes], V] = {}
         for (table, key), value in delta.items():
             if (table, key) in keep or from_u64(key[:8]) in inos:
                 selected[(table, key)] = value

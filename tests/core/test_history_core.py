@@ -128,6 +128,7 @@ async def test_a_restore_lists_what_it_adds_modifies_and_deletes(session: Sessio
     ov.write(ME, ino(ov, "README.md"), 0, b"changed")
     ov.remove(ME, ino(ov, "docs"), b"guide.txt", False)
     result = await tl.restore("start", ME)
+    assert await tl.complete_restores() == 1
     rec = session.store.read(lambda r: next(
         history_records(r, result["id"], tl)))
     assert dict(zip(rec.paths, rec.changes)) == {
@@ -254,5 +255,6 @@ async def test_a_restore_takes_in_what_was_written_after_it_was_prepared(session
     new, _ = ov.create(OTHER, ROOT_INO, b"late.txt", REG, 0, 0)
     ck = session.store.write(lambda w: tl._write_restore(w, prep, ME, None, "code", []))
     assert tree_of(ov) == start
+    await tl.complete_restores()
     rec = session.store.read(lambda r: next(history_records(r, ck.id, tl)))
     assert {"README.md", "run.sh", "late.txt"} <= set(rec.paths)
