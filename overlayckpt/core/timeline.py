@@ -26,8 +26,7 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord, Node, from_u64,
-    u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, Node, from_u64, u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
@@ -76,20 +75,23 @@ def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, by
     return out, one_sided
 
 
-def _fill_files(w: WriteTxn, seq: int, files: "list[FileChange] | None") -> None:
-    """Write a restore record's file list, if it is still the record left without one."""
-    mark = RESTORE_FILES_KEY + u64(seq)
-    if w.get(META, mark) is None:
+def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
+    """Write a restore's file list into its records (shared out: each stays small), if
+    they are still the ones left without it."""
+    mark = RESTORE_FILES_KEY + u64(lo)
+    end = w.get(META, mark)
+    if end is None:
         return
     w.delete(META, mark)
-    raw = w.get(JOURNAL, u64(seq))
-    if files is None or raw is None:
+    recs = records(w, lo, from_u64(end))
+    if files is None or any(rec.op != "restore" or rec.paths for rec in recs) or not recs:
         return
-    rec = JournalRecord.unpack(seq, raw)
-    if rec.op == "restore" and not rec.paths:
-        rec = replace(rec, paths=tuple(f.path for f in files),
-                      changes=tuple(f.change for f in files))
-        w.put(JOURNAL, u64(seq), rec.pack())
+    for i, rec in enumerate(recs):
+        mine = files[i * len(files) // len(recs):(i + 1) * len(files) // len(recs)]
+        if mine:
+            rec = replace(rec, paths=tuple(f.path for f in mine),
+                          changes=tuple(f.change for f in mine))
+            w.put(JOURNAL, u64(rec.seq), rec.pack())
 
 
 def _under(path: str, wanted: list[str]) -> bool:
@@ -228,20 +230,20 @@ class Timeline:
                                           history.newest(w, tcode, key))
         undo: list[tuple[int, bytes, bytes | None]] = []
         newest: list[bytes | None] = []
-        for table, key in sorted(rows):
+        for tcode, table, key in sorted((TABLE_CODES[t], t, k) for t, k in rows):  # (index order)
             value, current, last = rows[(table, key)]
             if current == value:
                 continue
-            undo.append((TABLE_CODES[table], key, current))
+            undo.append((tcode, key, current))
             newest.append(last)
             if value is None:
                 w.delete(table, key)
             else:
                 w.put(table, key, value)
             changed.append((table, key))
-        ck = append_closed(w, caller, "restore", (), (), undo, "restore", target.id, newest)
+        ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
         if undo:
-            w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), b"")
+            w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
         return ck
 
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
@@ -277,21 +279,21 @@ class Timeline:
             done += files is not None
 
     def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
-        """The oldest restore record left without its files, and them (None: it was merged
-        with others by thinning: it lists none)."""
+        """The oldest restore left without its file list, and that list (None: thinning
+        merged its records with others, which list none of its files)."""
         hit = r.seek(META, RESTORE_FILES_KEY)
         if hit is None or not hit[0].startswith(RESTORE_FILES_KEY):
             return None
-        seq = from_u64(hit[0][len(RESTORE_FILES_KEY):])
-        raw = r.get(JOURNAL, u64(seq))
-        rec = JournalRecord.unpack(seq, raw) if raw is not None else None
-        if rec is None or rec.op != "restore" or rec.paths:
-            return seq, None
-        before, after = AtCheckpoint(r, seq), AtCheckpoint(r, seq + 1)  # exact: its own group
-        keys = {(TABLE_NAMES[t], k) for t, k, _ in rec.undo}
-        one_sided = {from_u64(k) for t, k, old in rec.undo
+        lo, hi = from_u64(hit[0][len(RESTORE_FILES_KEY):]), from_u64(hit[1])
+        recs = records(r, lo, hi)
+        if [(rec.seq, rec.op, rec.paths) for rec in recs] != [(s, "restore", ()) for s in range(lo, hi)]:
+            return lo, None
+        before, after = AtCheckpoint(r, lo), AtCheckpoint(r, hi)  # exact: a group of its own
+        undo = [u for rec in recs for u in rec.undo]
+        keys = {(TABLE_NAMES[t], k) for t, k, _ in undo}
+        one_sided = {from_u64(k) for t, k, old in undo
                      if TABLE_NAMES[t] == NODES and (old is None) != (after.get(NODES, k) is None)}
-        return seq, self._file_changes(before, after, keys, one_sided, content=False)
+        return lo, self._file_changes(before, after, keys, one_sided, content=False)
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
