@@ -197,7 +197,7 @@ class Timeline:
             await self.ctx.flush_kernel()
         prep = await read_off_loop(self.store,
                                    lambda r: self._prepare(r, self.get(r, ref), paths, code))
-        changed: list[tuple[bytes, bytes]] = []
+        changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
@@ -205,7 +205,7 @@ class Timeline:
 
     def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
                        paths: list[str] | None, what: str,
-                       changed: list[tuple[bytes, bytes]]) -> Checkpoint:
+                       changed: list[tuple[bytes, bytes, bool]]) -> Checkpoint:
         """The restore's transaction: prep plus what was written since its snapshot. Every
         change to the live tables appends a journal record, so only the keys of records
         after the snapshot are read again; the rest is written blind, in key order."""
@@ -240,7 +240,7 @@ class Timeline:
                 w.delete(table, key)
             else:
                 w.put(table, key, value)
-            changed.append((table, key))
+            changed.append((table, key, value is None))
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
         if undo:
             w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
@@ -302,15 +302,24 @@ class Timeline:
             seq = next_seq(w)
             new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
 
-    async def _invalidate(self, changed: list[tuple[bytes, bytes]]) -> None:
+    async def _invalidate(self, changed: list[tuple[bytes, bytes, bool]]) -> None:
+        """Drop the kernel's caches of the inodes and names changed (key, deleted).
+
+        Not those of the overlay inodes the restore deletes, nor the names in them: no
+        name leads there any more, the invalidation of the deleted directory's own name
+        drops every name below it from the kernel (d_invalidate prunes the subtree), and
+        the restore that brings such an inode back invalidates it then."""
+        gone = {from_u64(key) for table, key, deleted in changed
+                if table == NODES and deleted and from_u64(key) >= FIRST_UPPER_INO}
         inodes: set[int] = set()
         entries: set[tuple[int, bytes]] = set()
-        for table, key in changed:
+        for table, key, _ in changed:
+            ino = from_u64(key[:8])
+            if ino in gone:
+                continue
+            inodes.add(ino)
             if table == DIRENTS:
-                entries.add((from_u64(key[:8]), key[8:]))
-                inodes.add(from_u64(key[:8]))
-            else:
-                inodes.add(from_u64(key[:8]))
+                entries.add((ino, key[8:]))
         # In-memory hints about lower paths and names stay valid: they describe
         # the immutable lower or are re-learned on the next lookup.
         if inodes or entries:
