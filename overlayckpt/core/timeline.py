@@ -230,6 +230,7 @@ class Timeline:
                                           history.newest(w, tcode, key))
         undo: list[tuple[int, bytes, bytes | None]] = []
         newest: list[bytes | None] = []
+        puts: dict[bytes, list[tuple[bytes, bytes]]] = {}
         for tcode, table, key in sorted((TABLE_CODES[t], t, k) for t, k in rows):  # (index order)
             value, current, last = rows[(table, key)]
             if current == value:
@@ -239,8 +240,10 @@ class Timeline:
             if value is None:
                 w.delete(table, key)
             else:
-                w.put(table, key, value)
+                puts.setdefault(table, []).append((key, value))
             changed.append((table, key, value is None))
+        for table, items in puts.items():
+            history.put_many(w, table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
         if undo:
             w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
@@ -249,16 +252,17 @@ class Timeline:
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
                  code: bool) -> "Prepared":
         """What a restore to target writes: the keys whose value then differs from now."""
-        delta: dict[tuple[bytes, bytes], tuple[bytes | None, bytes]] = {}
-        if code:
-            for tcode, key, value, last in history.values_since(r, target.seq):
-                delta[(TABLE_NAMES[tcode], key)] = (value, last)
+        since = history.values_since(r, target.seq) if code else iter(())
         warnings: list[str] = []
         if paths is not None:
+            delta = {(TABLE_NAMES[c], key): (value, last) for c, key, value, last in since}
             delta, warnings = self._select(r, target, delta, paths)
+            since = ((TABLE_CODES[t], k, value, last) for (t, k), (value, last) in delta.items())
         rows: Rows = {}
-        for (table, key), (value, last) in delta.items():
-            current = r.get(table, key)
+        get, names = r.get, TABLE_NAMES
+        for c, key, value, last in since:
+            table = names[c]
+            current = get(table, key)
             if current != value:
                 rows[(table, key)] = (value, current, last)
         return Prepared(target, next_seq(r), rows, warnings)
