@@ -81,8 +81,7 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     put_many(w, VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    for gone in sorted(last + vk for vk, _, last in rows if last is not None):
-        w.delete(CHANGED, gone)
+    delete_many(w, CHANGED, sorted(last + vk for vk, _, last in rows if last is not None))
     put_many(w, CHANGED, [(at + vk, b"") for vk, _, _ in rows], append=True)
 
 
@@ -91,6 +90,12 @@ def put_many(w: WriteTxn, table: bytes, items: list[tuple[bytes, bytes]], append
     """Puts in one call: py-lmdb's putmulti runs the loop in C (a put from Python costs
     0.4 us, one of putmulti's in order 0.1). (It belongs in WriteTxn, lmdbstore.py.)"""
     w.txn.cursor(db=w.store.dbs[table]).putmulti(items, append=append)
+
+
+def delete_many(w: WriteTxn, table: bytes, keys: list[bytes]) -> None:
+    delete, db = w.txn.delete, w.store.dbs[table]  # (as put_many: without a call per key)
+    for key in keys:
+        delete(key, db=db)
 
 
 def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:

@@ -94,6 +94,12 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
             w.put(JOURNAL, u64(rec.seq), rec.pack())
 
 
+def _index_order(row: tuple[tuple[bytes, bytes], Any]) -> tuple[int, bytes]:
+    """Rows in the index's key order (history.vkey), which is each table's key order."""
+    (table, key), _ = row
+    return TABLE_CODES[table], key
+
+
 def _under(path: str, wanted: list[str]) -> bool:
     return any(path == w or path.startswith(w + "/") for w in (p.strip("/") for p in wanted))
 
@@ -228,20 +234,24 @@ class Timeline:
                     table = TABLE_NAMES[tcode]
                     rows[(table, key)] = (then.get(table, key), w.get(table, key),
                                           history.newest(w, tcode, key))
+            rows = dict(sorted(rows.items(), key=_index_order))
         undo: list[tuple[int, bytes, bytes | None]] = []
         newest: list[bytes | None] = []
         puts: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        for tcode, table, key in sorted((TABLE_CODES[t], t, k) for t, k in rows):  # (index order)
-            value, current, last = rows[(table, key)]
+        deletes: dict[bytes, list[bytes]] = {}
+        codes = TABLE_CODES
+        for (table, key), (value, current, last) in rows.items():
             if current == value:
-                continue
-            undo.append((tcode, key, current))
+                continue  # (a key of a record after the snapshot)
+            undo.append((codes[table], key, current))
             newest.append(last)
             if value is None:
-                w.delete(table, key)
+                deletes.setdefault(table, []).append(key)
             else:
                 puts.setdefault(table, []).append((key, value))
             changed.append((table, key, value is None))
+        for table, keys in deletes.items():
+            history.delete_many(w, table, keys)
         for table, items in puts.items():
             history.put_many(w, table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
@@ -265,6 +275,7 @@ class Timeline:
             current = get(table, key)
             if current != value:
                 rows[(table, key)] = (value, current, last)
+        rows = dict(sorted(rows.items(), key=_index_order))  # (the order the write wants)
         return Prepared(target, next_seq(r), rows, warnings)
 
     # -- the file lists of restores -------------------------------------------
