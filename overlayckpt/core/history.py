@@ -195,7 +195,7 @@ def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | Non
     at = u64(seq)
     seek = r.seek
     for k, _ in r.range_from(CHANGED, at):
-        raw = seek(VERSIONS, k[8:] + at)[1]  # type: ignore[index]  (the key changed since seq)
+        raw = seek(VERSIONS, k[8:] + at)[1]  # type: ignore[index]  # (it changed since seq)
         yield k[8], k[9:-1], None if raw[:1] == _ABSENT else raw[1:], k[:8]
 
 

@@ -5,16 +5,20 @@ tables through the history index (history.py): each key's value then is one
 lookup away, and the keys changed since are one range, so a view costs
 nothing to open, and a restore or diff costs the keys that changed, never the
 journal in between nor the size of the repo. Restore writes the values then
-into the live tables as one new journal record (itself undoable, listing the
-files it adds, modifies and deletes) and a `restore` checkpoint, then drops
-the kernel's caches of exactly the inodes and names it changed.
+into the live tables, journaled (itself undoable) as records of a few KB that
+make a group of their own, and a `restore` checkpoint, then drops the kernel's
+caches of the inodes and names it changed. The files it adds, modifies and
+deletes are written into those records after its answer (complete_restores).
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+
+import trio
 
 from overlayckpt.core import history
 from overlayckpt.core.history import AtCheckpoint
@@ -32,6 +36,8 @@ from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
     CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, META, NAMES, NODES, RESTORE_FILES_KEY,
 )
+
+log = logging.getLogger(__name__)
 
 TABLE_CODES = history.TABLE_CODES
 # a restore of some paths warns of files changed with them in at most this many newer groups
@@ -206,6 +212,8 @@ class Timeline:
         changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
+        if changed and self.ctx.mountpoint is not None:  # (the daemon waits for its worker at exit)
+            trio.lowlevel.spawn_system_task(self._complete_after)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings}
 
@@ -293,6 +301,13 @@ class Timeline:
             self.store.write(lambda w: _fill_files(w, seq, files))
             done += files is not None
 
+    async def _complete_after(self) -> None:
+        """complete_restores once the restore has answered (a task without a nursery)."""
+        try:
+            await self.complete_restores()
+        except Exception as e:  # (a system task must not raise; the next restore tries again)
+            log.warning("listing the files of a restore failed: %s", e)
+
     def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
         """The oldest restore left without its file list, and that list (None: thinning
         merged its records with others, which list none of its files)."""
@@ -301,7 +316,8 @@ class Timeline:
             return None
         lo, hi = from_u64(hit[0][len(RESTORE_FILES_KEY):]), from_u64(hit[1])
         recs = records(r, lo, hi)
-        if [(rec.seq, rec.op, rec.paths) for rec in recs] != [(s, "restore", ()) for s in range(lo, hi)]:
+        if [(rec.seq, rec.op, rec.paths) for rec in recs] != [(s, "restore", ())
+                                                              for s in range(lo, hi)]:
             return lo, None
         before, after = AtCheckpoint(r, lo), AtCheckpoint(r, hi)  # exact: a group of its own
         undo = [u for rec in recs for u in rec.undo]

@@ -170,8 +170,8 @@ async def test_a_restore_spans_records_that_stay_small_and_lists_every_file(
     assert tree_of(ov) == start
     await tl.complete_restores()
     ck = session.store.read(lambda r: tl.get(r, result["id"]))
-    sizes = session.store.read(lambda r: [len(v) for k, v in r.range_from(JOURNAL, u64(ck.start_seq))
-                                          if from_u64(k) < ck.seq])
+    sizes = session.store.read(lambda r: [
+        len(v) for k, v in r.range_from(JOURNAL, u64(ck.start_seq)) if from_u64(k) < ck.seq])
     assert len(sizes) > 3 and max(sizes) < RECORD_BYTES + 2000, sizes
     assert restore_files(session, result["id"]) == {f"file-{i:03d}": "D" for i in range(300)}
     back = await tl.restore("@before-last", ME)
