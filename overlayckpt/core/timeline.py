@@ -100,6 +100,38 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
             w.put(JOURNAL, u64(rec.seq), rec.pack())
 
 
+class _Replaced:
+    """A state that differs from another in a few keys: before a restore, its records'
+    undo entries over the state after it (no index lookup)."""
+
+    def __init__(self, base: Any, values: dict[tuple[bytes, bytes], bytes | None]) -> None:
+        self.base, self.values = base, values
+        self.by_ino: dict[tuple[bytes, bytes], list[bytes]] = {}
+        for table, key in values:
+            self.by_ino.setdefault((table, key[:8]), []).append(key)
+
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        found = self.values.get((table, key), self)
+        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]
+
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        mine = [k for k in self.by_ino.get((table, prefix[:8]), ()) if k.startswith(prefix)] \
+            if len(prefix) >= 8 else [k for t, k in self.values if t == table and k.startswith(prefix)]
+        if not mine:
+            return self.base.prefix(table, prefix)
+        items = dict(self.base.prefix(table, prefix))
+        for key in mine:
+            value = self.values[(table, key)]
+            if value is None:
+                items.pop(key, None)
+            else:
+                items[key] = value
+        return iter(sorted(items.items()))
+
+    def block(self, digest: bytes) -> bytes:
+        return self.base.block(digest)
+
+
 def _index_order(row: tuple[tuple[bytes, bytes], Any]) -> tuple[int, bytes]:
     """Rows in the index's key order (history.vkey), which is each table's key order."""
     (table, key), _ = row
@@ -319,12 +351,12 @@ class Timeline:
         if [(rec.seq, rec.op, rec.paths) for rec in recs] != [(s, "restore", ())
                                                               for s in range(lo, hi)]:
             return lo, None
-        before, after = AtCheckpoint(r, lo), AtCheckpoint(r, hi)  # exact: a group of its own
-        undo = [u for rec in recs for u in rec.undo]
-        keys = {(TABLE_NAMES[t], k) for t, k, _ in undo}
-        one_sided = {from_u64(k) for t, k, old in undo
-                     if TABLE_NAMES[t] == NODES and (old is None) != (after.get(NODES, k) is None)}
-        return lo, self._file_changes(before, after, keys, one_sided, content=False)
+        after = r if hi == next_seq(r) else AtCheckpoint(r, hi)
+        old = {(TABLE_NAMES[t], k): v for rec in recs for t, k, v in rec.undo}
+        one_sided = {from_u64(k) for (t, k), v in old.items()
+                     if t == NODES and (v is None) != (after.get(NODES, k) is None)}
+        return lo, self._file_changes(_Replaced(after, old), after, set(old), one_sided,
+                                      content=False)
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
