@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
@@ -30,7 +30,8 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, Node, from_u64, u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord, Node, from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
@@ -40,6 +41,9 @@ from overlayckpt.tables import (
 log = logging.getLogger(__name__)
 
 TABLE_CODES = history.TABLE_CODES
+# store -> the task listing its restores' files (complete_restores, after a restore's
+# answer): the next restore stops it, so as not to share the GIL with it, and starts anew
+_listing: dict[int, trio.CancelScope] = {}
 # a restore of some paths warns of files changed with them in at most this many newer groups
 WARN_GROUPS = 1000
 
@@ -89,15 +93,16 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
     if end is None:
         return
     w.delete(META, mark)
-    recs = records(w, lo, from_u64(end))
+    recs = records(w, lo, from_u64(end), undo=False)
     if files is None or any(rec.op != "restore" or rec.paths for rec in recs) or not recs:
         return
     for i, rec in enumerate(recs):
         mine = files[i * len(files) // len(recs):(i + 1) * len(files) // len(recs)]
         if mine:
-            rec = replace(rec, paths=tuple(f.path for f in mine),
-                          changes=tuple(f.change for f in mine))
-            w.put(JOURNAL, u64(rec.seq), rec.pack())
+            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]
+                                           tuple(f.path for f in mine),
+                                           tuple(f.change for f in mine))
+            w.put(JOURNAL, u64(rec.seq), raw)
 
 
 class _Replaced:
@@ -237,6 +242,9 @@ class Timeline:
         snapshot, and writes. The files the restore adds, modifies and deletes are listed
         in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
+        listing = _listing.pop(id(self.store), None)
+        if listing is not None:
+            listing.cancel()
         if code:
             await self.ctx.flush_kernel()
         prep = await read_off_loop(self.store,
@@ -244,7 +252,8 @@ class Timeline:
         changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
-        if changed and self.ctx.mountpoint is not None:  # (the daemon waits for its worker at exit)
+        if (changed or listing is not None) and self.ctx.mountpoint is not None:
+            # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
             trio.lowlevel.spawn_system_task(self._complete_after)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings}
@@ -335,10 +344,15 @@ class Timeline:
 
     async def _complete_after(self) -> None:
         """complete_restores once the restore has answered (a task without a nursery)."""
-        try:
-            await self.complete_restores()
-        except Exception as e:  # (a system task must not raise; the next restore tries again)
-            log.warning("listing the files of a restore failed: %s", e)
+        with trio.CancelScope() as scope:
+            _listing[id(self.store)] = scope
+            try:
+                await self.complete_restores()
+            except Exception as e:  # (a system task must not raise; the next restore tries again)
+                log.warning("listing the files of a restore failed: %s", e)
+            finally:
+                if _listing.get(id(self.store)) is scope:
+                    del _listing[id(self.store)]
 
     def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
         """The oldest restore left without its file list, and that list (None: thinning

@@ -351,3 +351,24 @@ async def test_the_file_lists_of_random_restores_are_what_their_trees_differ_in(
             assert all(got[p] == "M" and p in before and p in after for p in set(got) - set(want))
             checked += 1
         assert checked > 2, seed
+
+
+async def test_on_a_mount_the_lists_follow_in_a_task_of_their_own(session: Session) -> None:
+    """A mounted session lists each restore's files after its answer; a restore that comes
+    while a list is being made stops it, and every list is written in the end."""
+    import dataclasses
+
+    import trio
+    session.ctx = dataclasses.replace(session.ctx, mountpoint=str(session.store.path))
+    ov = session.overlay
+    tl = Timeline(session.ctx)
+    tl.checkpoint("start", None, ME)
+    for i in range(200):
+        ov.create(ME, ROOT_INO, b"file-%03d" % i, REG, 0, 0)
+    first = await tl.restore("start", ME)
+    back = await tl.restore("@before-last", ME)  # (at once: the first list may be unwritten)
+    with trio.fail_after(30):
+        while session.store.read(lambda r: list(r.prefix(META, b"restore_files/"))):
+            await trio.sleep(0.01)
+    assert restore_files(session, first["id"]) == {f"file-{i:03d}": "D" for i in range(200)}
+    assert restore_files(session, back["id"]) == {f"file-{i:03d}": "A" for i in range(200)}
