@@ -44,6 +44,15 @@ TABLE_CODES = history.TABLE_CODES
 # store -> the task listing its restores' files (complete_restores, after a restore's
 # answer): the next restore stops it, so as not to share the GIL with it, and starts anew
 _listing: dict[int, trio.CancelScope] = {}
+
+
+def stop_listing(store: Any) -> bool:
+    """Stop the task listing a restore's files, if one runs (a command that must not share
+    the GIL with it may call this; the next restore starts the listing again)."""
+    scope = _listing.pop(id(store), None)
+    if scope is not None:
+        scope.cancel()
+    return scope is not None
 # a restore of some paths warns of files changed with them in at most this many newer groups
 WARN_GROUPS = 1000
 
@@ -242,9 +251,7 @@ class Timeline:
         snapshot, and writes. The files the restore adds, modifies and deletes are listed
         in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
-        listing = _listing.pop(id(self.store), None)
-        if listing is not None:
-            listing.cancel()
+        listing = stop_listing(self.store)
         if code:
             await self.ctx.flush_kernel()
         prep = await read_off_loop(self.store,
@@ -252,7 +259,7 @@ class Timeline:
         changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
-        if (changed or listing is not None) and self.ctx.mountpoint is not None:
+        if (changed or listing) and self.ctx.mountpoint is not None:
             # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
             trio.lowlevel.spawn_system_task(self._complete_after)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
