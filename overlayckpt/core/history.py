@@ -213,6 +213,18 @@ def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[t
             hit = r.seek(VERSIONS, vk + at)
 
 
+def laid_over(entries: Iterable[tuple[bytes, bytes]], values: Iterable[tuple[bytes, bytes | None]]
+              ) -> Iterator[tuple[bytes, bytes]]:
+    """entries with other values for some keys (None: absent), in key order."""
+    items = dict(entries)
+    for key, value in values:
+        if value is None:
+            items.pop(key, None)
+        else:
+            items[key] = value
+    return iter(sorted(items.items()))
+
+
 class AtCheckpoint:
     """The tables as they were at journal position seq: the history index over a live view.
 
@@ -235,13 +247,8 @@ class AtCheckpoint:
         code = TABLE_CODES.get(table)
         if code is None:
             return self.r.prefix(table, prefix)
-        items = dict(self.r.prefix(table, prefix))
-        for key, value in versions_under(self.r, code, prefix, self.seq):
-            if value is None:
-                items.pop(key, None)
-            else:
-                items[key] = value
-        return iter(sorted(items.items()))
+        return laid_over(self.r.prefix(table, prefix),
+                         versions_under(self.r, code, prefix, self.seq))
 
     def block(self, digest: bytes) -> bytes:
         return self.r.block(digest)

@@ -133,14 +133,8 @@ class _Replaced:
             if len(prefix) >= 8 else [k for t, k in self.values if t == table and k.startswith(prefix)]
         if not mine:
             return self.base.prefix(table, prefix)
-        items = dict(self.base.prefix(table, prefix))
-        for key in mine:
-            value = self.values[(table, key)]
-            if value is None:
-                items.pop(key, None)
-            else:
-                items[key] = value
-        return iter(sorted(items.items()))
+        return history.laid_over(self.base.prefix(table, prefix),
+                                 ((key, self.values[(table, key)]) for key in mine))
 
     def block(self, digest: bytes) -> bytes:
         return self.base.block(digest)
