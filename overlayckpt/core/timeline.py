@@ -163,6 +163,7 @@ class Prepared:
     """A restore worked out in a snapshot (Timeline._prepare)."""
     target: Checkpoint
     seq: int  # the journal position of the snapshot
+    records: int  # how many journal records it held
     rows: Rows  # the keys to write (their value then differs from now)
     warnings: list[str]
 
@@ -285,6 +286,10 @@ class Timeline:
                     rows[(table, key)] = (then.get(table, key), w.get(table, key),
                                           history.newest(w, tcode, key))
             rows = dict(sorted(rows.items(), key=_index_order))
+        if w.count(JOURNAL) != prep.records + len(late):
+            # (rare) thinning merged records since the snapshot: newest versions moved
+            rows = {(t, k): (value, current, history.newest(w, TABLE_CODES[t], k))
+                    for (t, k), (value, current, _) in rows.items()}
         undo: list[tuple[int, bytes, bytes | None]] = []
         newest: list[bytes | None] = []
         puts: dict[bytes, list[tuple[bytes, bytes]]] = {}
@@ -326,7 +331,7 @@ class Timeline:
             if current != value:
                 rows[(table, key)] = (value, current, last)
         rows = dict(sorted(rows.items(), key=_index_order))  # (the order the write wants)
-        return Prepared(target, next_seq(r), rows, warnings)
+        return Prepared(target, next_seq(r), r.count(JOURNAL), rows, warnings)
 
     # -- the file lists of restores -------------------------------------------
 

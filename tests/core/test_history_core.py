@@ -372,3 +372,27 @@ async def test_on_a_mount_the_lists_follow_in_a_task_of_their_own(session: Sessi
             await trio.sleep(0.01)
     assert restore_files(session, first["id"]) == {f"file-{i:03d}": "D" for i in range(200)}
     assert restore_files(session, back["id"]) == {f"file-{i:03d}": "A" for i in range(200)}
+
+
+async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Session) -> None:
+    """Thinning between the snapshot and the transaction merges records: the newest
+    versions the snapshot found moved, and the transaction finds them again."""
+    from overlayckpt.core.maintenance import Merge, apply_merge, merge_records
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    start = tree_of(ov)
+    readme = ino(ov, "README.md")
+    for i in range(10):  # each write a group of its own
+        ov.write(CALLERS[i % 2], readme, 0, b"edit %d" % i)
+    tl.seal()
+    target = session.store.read(lambda r: tl.get(r, "start"))
+    prep = session.store.read(lambda r: tl._prepare(r, target, None, True))
+    lo, hi = target.seq + 1, session.store.read(lambda r: r.meta_int(SEQ_KEY))
+    cks = session.store.read(tl.all)
+    m = Merge(lo, hi, [c.id for c in cks if lo < c.seq < hi],  # meanwhile: the newest
+              [c.id for c in cks if lo <= c.start_seq < hi <= c.seq])  # versions move to lo
+    session.store.write(lambda w: apply_merge(w, m, merge_records(w, m)))
+    session.store.write(lambda w: tl._write_restore(w, prep, ME, None, "code", []))
+    assert tree_of(ov) == start
+    assert fsck(session.store)["clean"], fsck(session.store)["problems"]
