@@ -44,6 +44,10 @@ TABLE_CODES = history.TABLE_CODES
 # store -> the task listing its restores' files (complete_restores, after a restore's
 # answer): the next restore stops it, so as not to share the GIL with it, and starts anew
 _listing: dict[int, trio.CancelScope] = {}
+# ... after this many seconds without another restore: the commands that follow a restore
+# (a log, a diff, the agent's next edits) come first (a list of 60k keys costs ~250 ms of
+# a worker, which holds the GIL)
+LIST_AFTER = 2.0
 
 
 def stop_listing(store: Any) -> bool:
@@ -353,6 +357,7 @@ class Timeline:
         with trio.CancelScope() as scope:
             _listing[id(self.store)] = scope
             try:
+                await trio.sleep(LIST_AFTER)
                 await self.complete_restores()
             except Exception as e:  # (a system task must not raise; the next restore tries again)
                 log.warning("listing the files of a restore failed: %s", e)

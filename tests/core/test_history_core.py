@@ -353,12 +353,16 @@ async def test_the_file_lists_of_random_restores_are_what_their_trees_differ_in(
         assert checked > 2, seed
 
 
-async def test_on_a_mount_the_lists_follow_in_a_task_of_their_own(session: Session) -> None:
+async def test_on_a_mount_the_lists_follow_in_a_task_of_their_own(session: Session,
+                                                                   monkeypatch) -> None:
     """A mounted session lists each restore's files after its answer; a restore that comes
     while a list is being made stops it, and every list is written in the end."""
     import dataclasses
 
     import trio
+
+    from overlayckpt.core import timeline
+    monkeypatch.setattr(timeline, "LIST_AFTER", 0.0)  # (the restores come at once anyway)
     session.ctx = dataclasses.replace(session.ctx, mountpoint=str(session.store.path))
     ov = session.overlay
     tl = Timeline(session.ctx)
