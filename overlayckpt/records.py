@@ -173,6 +173,20 @@ class JournalRecord:
         t, pid, comm, op, paths, changes = (unpacker.unpack() for _ in range(6))
         return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes), ())
 
+    @staticmethod
+    def with_files(raw: bytes, paths: tuple[str, ...], changes: tuple[str, ...]) -> bytes:
+        """A packed record with these paths and changes instead of its own, its undo
+        entries copied as they are (a restore's file list, written after it)."""
+        unpacker = msgpack.Unpacker(unicode_errors="surrogateescape")
+        unpacker.feed(raw)
+        unpacker.read_array_header()
+        for _ in range(4):
+            unpacker.skip()
+        head = unpacker.tell()
+        unpacker.skip()
+        unpacker.skip()
+        return raw[:head] + pack_obj(list(paths)) + pack_obj(list(changes)) + raw[unpacker.tell():]
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:

@@ -45,3 +45,4 @@ HISTORY_KEY = b"history"          # present when the history index matches the j
 GROUPFILES_KEY = b"groupfiles"    # present when GROUPFILES matches the journal
 DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are rebuilt at open
 APPLIED_KEY = b"applied"          # the journal position the repo was last applied at
+RESTORE_FILES_KEY = b"restore_files/"  # + seq: a restore's record still to list its files

@@ -323,3 +323,32 @@ def test_retention_thins_old_auto_checkpoints_and_keeps_the_rest_exact(repo: Pat
         if cid in recorded:
             m.cli("restore", str(cid))
             assert tree_digest(str(m.mnt)) == recorded[cid], f"checkpoint {cid} changed by thinning"
+
+
+def test_a_restore_across_a_new_directory_drops_every_name_in_it(repo: Path, mount_factory) -> None:
+    """The restore invalidates the deleted directory's own name only: the kernel drops the
+    names cached below it with it, even for a process whose working directory is inside."""
+    m = mount_factory(repo)
+    base = m.cli("checkpoint").stdout.strip()
+    d = m.mnt / "made"
+    (d / "sub").mkdir(parents=True)
+    for i in range(200):
+        (d / f"f{i}").write_text(f"file {i}\n")
+    (d / "sub" / "deep").write_text("deep\n")
+    after = tree_digest(str(m.mnt))
+    assert (d / "f7").read_text() == "file 7\n" and (d / "sub" / "deep").exists()  # (cached)
+    inside = subprocess.Popen(
+        ["python3", "-c", "import os, sys; sys.stdin.readline(); "
+         "print(os.path.exists('f7'), os.path.exists('sub/deep'), os.path.exists('f8'))"],
+        cwd=d, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        m.cli("restore", base)
+        out, _ = inside.communicate("go\n", timeout=60)
+    finally:
+        inside.kill()
+        inside.wait()
+    assert out.split() == ["False", "False", "False"]
+    assert not d.exists() and "made" not in os.listdir(m.mnt)
+    m.cli("restore", "@before-last")
+    assert tree_digest(str(m.mnt)) == after
+    assert (d / "f7").read_text() == "file 7\n"

@@ -5,18 +5,22 @@ tables through the history index (history.py): each key's value then is one
 lookup away, and the keys changed since are one range, so a view costs
 nothing to open, and a restore or diff costs the keys that changed, never the
 journal in between nor the size of the repo. Restore writes the values then
-into the live tables as one new journal record (itself undoable, listing the
-files it adds, modifies and deletes) and a `restore` checkpoint, then drops
-the kernel's caches of exactly the inodes and names it changed.
+into the live tables, journaled (itself undoable) as records of a few KB that
+make a group of their own, and a `restore` checkpoint, then drops the kernel's
+caches of the inodes and names it changed. The files it adds, modifies and
+deletes are written into those records after its answer (complete_restores).
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from overlayckpt.core import history
+import trio
+
+from overlayckpt.core import groupfiles, history
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
@@ -26,25 +30,41 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, Node, from_u64, u64,
+    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord, Node, from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CKPTS, CONV_HEAD_KEY, DIRENTS, NAMES, NODES
+from overlayckpt.tables import (
+    CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, META, NAMES, NODES, RESTORE_FILES_KEY,
+)
+
+log = logging.getLogger(__name__)
 
 TABLE_CODES = history.TABLE_CODES
+# store -> the task listing its restores' files (complete_restores, after a restore's
+# answer): the next restore stops it, so as not to share the GIL with it, and starts anew
+_listing: dict[int, trio.CancelScope] = {}
+# ... after this many seconds without another restore: the commands that follow a restore
+# (a log, a diff, the agent's next edits) come first (a list of 60k keys costs ~250 ms of
+# a worker, which holds the GIL)
+LIST_AFTER = 2.0
+
+
+def stop_listing(store: Any) -> bool:
+    """Stop the task listing a restore's files, if one runs (a command that must not share
+    the GIL with it may call this; the next restore starts the listing again)."""
+    scope = _listing.pop(id(store), None)
+    if scope is not None:
+        scope.cancel()
+    return scope is not None
 # a restore of some paths warns of files changed with them in at most this many newer groups
 WARN_GROUPS = 1000
 
 
 Delta = dict[tuple[bytes, bytes], "bytes | None"]
-
-
-def delta_since(r: ReadTxn, seq: int) -> Delta:
-    """Values, at journal position seq, of every key changed after it."""
-    delta: Delta = {}
-    for code, key, value in history.values_since(r, seq):
-        delta[(TABLE_NAMES[code], key)] = value
-    return delta
+V = TypeVar("V")
+# (table, key) -> (its value at the target, its value now, its newest version: history.record)
+Rows = dict[tuple[bytes, bytes], "tuple[bytes | None, bytes | None, bytes | None]"]
 
 
 # Between two positions this close, reading their journal records finds the changed keys
@@ -78,6 +98,59 @@ def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, by
     return out, one_sided
 
 
+def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
+    """Write a restore's file list into its records (shared out: each stays small), if
+    they are still the ones left without it."""
+    mark = RESTORE_FILES_KEY + u64(lo)
+    end = w.get(META, mark)
+    if end is None:
+        return
+    w.delete(META, mark)
+    recs = records(w, lo, from_u64(end), undo=False)
+    if files is None or any(rec.op != "restore" or rec.paths for rec in recs) or not recs:
+        return
+    for i, rec in enumerate(recs):
+        mine = files[i * len(files) // len(recs):(i + 1) * len(files) // len(recs)]
+        if mine:
+            paths, changes = tuple(f.path for f in mine), tuple(f.change for f in mine)
+            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]
+                                           paths, changes)
+            w.put(JOURNAL, u64(rec.seq), raw)
+            groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
+
+
+class _Replaced:
+    """A state that differs from another in a few keys: before a restore, its records'
+    undo entries over the state after it (no index lookup)."""
+
+    def __init__(self, base: Any, values: dict[tuple[bytes, bytes], bytes | None]) -> None:
+        self.base, self.values = base, values
+        self.by_ino: dict[tuple[bytes, bytes], list[bytes]] = {}
+        for table, key in values:
+            self.by_ino.setdefault((table, key[:8]), []).append(key)
+
+    def get(self, table: bytes, key: bytes) -> bytes | None:
+        found = self.values.get((table, key), self)
+        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]
+
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        mine = [k for k in self.by_ino.get((table, prefix[:8]), ()) if k.startswith(prefix)] \
+            if len(prefix) >= 8 else [k for t, k in self.values if t == table and k.startswith(prefix)]
+        if not mine:
+            return self.base.prefix(table, prefix)
+        return history.laid_over(self.base.prefix(table, prefix),
+                                 ((key, self.values[(table, key)]) for key in mine))
+
+    def block(self, digest: bytes) -> bytes:
+        return self.base.block(digest)
+
+
+def _index_order(row: tuple[tuple[bytes, bytes], Any]) -> tuple[int, bytes]:
+    """Rows in the index's key order (history.vkey), which is each table's key order."""
+    (table, key), _ = row
+    return TABLE_CODES[table], key
+
+
 def _under(path: str, wanted: list[str]) -> bool:
     return any(path == w or path.startswith(w + "/") for w in (p.strip("/") for p in wanted))
 
@@ -95,8 +168,8 @@ class Prepared:
     """A restore worked out in a snapshot (Timeline._prepare)."""
     target: Checkpoint
     seq: int  # the journal position of the snapshot
-    delta: Delta  # the keys to write, with their values then
-    files: list[FileChange]
+    records: int  # how many journal records it held
+    rows: Rows  # the keys to write (their value then differs from now)
     warnings: list[str]
 
 
@@ -173,24 +246,31 @@ class Timeline:
                       what: str = "both") -> dict[str, Any]:
         """Put code, conversation or both back to a checkpoint, in one transaction.
 
-        The values to put back and the files they make are found first, in a worker
-        thread and a snapshot, while the mount serves requests; the transaction then
-        adds what was written since that snapshot, and writes."""
+        The values to put back are found first, in a worker thread and a snapshot, while
+        the mount serves requests; the transaction then adds what was written since that
+        snapshot, and writes. The files the restore adds, modifies and deletes are listed
+        in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
+        listing = stop_listing(self.store)
         if code:
             await self.ctx.flush_kernel()
         prep = await read_off_loop(self.store,
                                    lambda r: self._prepare(r, self.get(r, ref), paths, code))
-        changed: list[tuple[bytes, bytes]] = []
+        changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
         await self._invalidate(changed)
+        if (changed or listing) and self.ctx.mountpoint is not None:
+            # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
+            trio.lowlevel.spawn_system_task(self._complete_after)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings}
 
     def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
                        paths: list[str] | None, what: str,
-                       changed: list[tuple[bytes, bytes]]) -> Checkpoint:
-        """The restore's transaction: prep plus what was written since its snapshot."""
+                       changed: list[tuple[bytes, bytes, bool]]) -> Checkpoint:
+        """The restore's transaction: prep plus what was written since its snapshot. Every
+        change to the live tables appends a journal record, so only the keys of records
+        after the snapshot are read again; the rest is written blind, in key order."""
         code = what in ("code", "both")
         changed.clear()
         close_open_group(w)
@@ -198,47 +278,111 @@ class Timeline:
         self._mark_before_restore(w, caller)
         if what in ("conversation", "both"):
             move_head(w, target.conv_head)
-        delta, files = dict(prep.delta), list(prep.files)
+        rows = prep.rows
         late = records(w, prep.seq, next_seq(w)) if code else []
         if late and paths is not None:  # (rare: redo the selection here, whole)
-            again = self._prepare(w, target, paths, code)
-            delta, files = again.delta, again.files
+            rows = self._prepare(w, target, paths, code).rows
         elif late:
+            rows = dict(rows)
             then = AtCheckpoint(w, target.seq)
-            known = {f.path for f in files}
             for rec in late:
-                for table, key, _ in rec.undo:
-                    delta[(TABLE_NAMES[table], key)] = then.get(TABLE_NAMES[table], key)
-                files += [FileChange(p, "M", None, None) for p in rec.paths if p not in known]
-                known.update(rec.paths)
+                for tcode, key, _ in rec.undo:
+                    table = TABLE_NAMES[tcode]
+                    rows[(table, key)] = (then.get(table, key), w.get(table, key),
+                                          history.newest(w, tcode, key))
+            rows = dict(sorted(rows.items(), key=_index_order))
+        if w.count(JOURNAL) != prep.records + len(late):
+            # (rare) thinning merged records since the snapshot: newest versions moved
+            rows = {(t, k): (value, current, history.newest(w, TABLE_CODES[t], k))
+                    for (t, k), (value, current, _) in rows.items()}
         undo: list[tuple[int, bytes, bytes | None]] = []
-        for (table, key), value in delta.items():
-            current = w.get(table, key)
+        newest: list[bytes | None] = []
+        puts: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        deletes: dict[bytes, list[bytes]] = {}
+        codes = TABLE_CODES
+        for (table, key), (value, current, last) in rows.items():
             if current == value:
-                continue
-            undo.append((TABLE_CODES[table], key, current))
+                continue  # (a key of a record after the snapshot)
+            undo.append((codes[table], key, current))
+            newest.append(last)
             if value is None:
-                w.delete(table, key)
+                deletes.setdefault(table, []).append(key)
             else:
-                w.put(table, key, value)
-            changed.append((table, key))
-        return append_closed(w, caller, "restore", tuple(f.path for f in files),
-                             tuple(f.change for f in files), undo, "restore", target.id)
+                puts.setdefault(table, []).append((key, value))
+            changed.append((table, key, value is None))
+        for table, keys in deletes.items():
+            history.delete_many(w, table, keys)
+        for table, items in puts.items():
+            history.put_many(w, table, items)
+        ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
+        if undo:
+            w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
+        return ck
 
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
                  code: bool) -> "Prepared":
-        """What a restore to target writes (the keys whose value then differs from now)
-        and the files that makes it add, modify and delete."""
-        delta = delta_since(r, target.seq) if code else {}
+        """What a restore to target writes: the keys whose value then differs from now."""
+        since = history.values_since(r, target.seq) if code else iter(())
         warnings: list[str] = []
         if paths is not None:
+            delta = {(TABLE_NAMES[c], key): (value, last) for c, key, value, last in since}
             delta, warnings = self._select(r, target, delta, paths)
-        writes, one_sided = _differing(r.get, lambda t, k: delta[(t, k)], delta)
-        files = self._file_changes(r, AtCheckpoint(r, target.seq), set(writes), one_sided,
-                                   content=False)
-        if paths is not None:
-            files = [f for f in files if _under(f.path, paths)]
-        return Prepared(target, next_seq(r), writes, files, warnings)
+            since = ((TABLE_CODES[t], k, value, last) for (t, k), (value, last) in delta.items())
+        rows: Rows = {}
+        get, names = r.get, TABLE_NAMES
+        for c, key, value, last in since:
+            table = names[c]
+            current = get(table, key)
+            if current != value:
+                rows[(table, key)] = (value, current, last)
+        rows = dict(sorted(rows.items(), key=_index_order))  # (the order the write wants)
+        return Prepared(target, next_seq(r), r.count(JOURNAL), rows, warnings)
+
+    # -- the file lists of restores -------------------------------------------
+
+    async def complete_restores(self) -> int:
+        """List the files each restore added, modified and deleted in its journal record,
+        where it was left for later (restore) or a crash came in between. Off the loop,
+        then one short transaction per record. Returns how many were listed."""
+        done = 0
+        while True:
+            found = await read_off_loop(self.store, self._restore_files)
+            if found is None:
+                return done
+            seq, files = found
+            self.store.write(lambda w: _fill_files(w, seq, files))
+            done += files is not None
+
+    async def _complete_after(self) -> None:
+        """complete_restores once the restore has answered (a task without a nursery)."""
+        with trio.CancelScope() as scope:
+            _listing[id(self.store)] = scope
+            try:
+                await trio.sleep(LIST_AFTER)
+                await self.complete_restores()
+            except Exception as e:  # (a system task must not raise; the next restore tries again)
+                log.warning("listing the files of a restore failed: %s", e)
+            finally:
+                if _listing.get(id(self.store)) is scope:
+                    del _listing[id(self.store)]
+
+    def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
+        """The oldest restore left without its file list, and that list (None: thinning
+        merged its records with others, which list none of its files)."""
+        hit = r.seek(META, RESTORE_FILES_KEY)
+        if hit is None or not hit[0].startswith(RESTORE_FILES_KEY):
+            return None
+        lo, hi = from_u64(hit[0][len(RESTORE_FILES_KEY):]), from_u64(hit[1])
+        recs = records(r, lo, hi)
+        if [(rec.seq, rec.op, rec.paths) for rec in recs] != [(s, "restore", ())
+                                                              for s in range(lo, hi)]:
+            return lo, None
+        after = r if hi == next_seq(r) else AtCheckpoint(r, hi)
+        old = {(TABLE_NAMES[t], k): v for rec in recs for t, k, v in rec.undo}
+        one_sided = {from_u64(k) for (t, k), v in old.items()
+                     if t == NODES and (v is None) != (after.get(NODES, k) is None)}
+        return lo, self._file_changes(_Replaced(after, old), after, set(old), one_sided,
+                                      content=False)
 
     def _mark_before_restore(self, w: WriteTxn, caller: Caller) -> None:
         """Make the checkpoint just before a restore the exact state it replaces."""
@@ -247,22 +391,31 @@ class Timeline:
             seq = next_seq(w)
             new_checkpoint(w, seq, seq, "auto", None, "before restore", caller.pid, caller.comm)
 
-    async def _invalidate(self, changed: list[tuple[bytes, bytes]]) -> None:
+    async def _invalidate(self, changed: list[tuple[bytes, bytes, bool]]) -> None:
+        """Drop the kernel's caches of the inodes and names changed (key, deleted).
+
+        Not those of the overlay inodes the restore deletes, nor the names in them: no
+        name leads there any more, the invalidation of the deleted directory's own name
+        drops every name below it from the kernel (d_invalidate prunes the subtree), and
+        the restore that brings such an inode back invalidates it then."""
+        gone = {from_u64(key) for table, key, deleted in changed
+                if table == NODES and deleted and from_u64(key) >= FIRST_UPPER_INO}
         inodes: set[int] = set()
         entries: set[tuple[int, bytes]] = set()
-        for table, key in changed:
+        for table, key, _ in changed:
+            ino = from_u64(key[:8])
+            if ino in gone:
+                continue
+            inodes.add(ino)
             if table == DIRENTS:
-                entries.add((from_u64(key[:8]), key[8:]))
-                inodes.add(from_u64(key[:8]))
-            else:
-                inodes.add(from_u64(key[:8]))
+                entries.add((ino, key[8:]))
         # In-memory hints about lower paths and names stay valid: they describe
         # the immutable lower or are re-learned on the next lookup.
         if inodes or entries:
             await self.ctx.invalidate(sorted(inodes), sorted(entries))
 
-    def _select(self, r: ReadTxn, target: Checkpoint, delta: Delta, paths: list[str]
-                ) -> tuple[Delta, list[str]]:
+    def _select(self, r: ReadTxn, target: Checkpoint, delta: dict[tuple[bytes, bytes], V],
+                paths: list[str]) -> tuple[dict[tuple[bytes, bytes], V], list[str]]:
         """The part of delta that puts only these paths (and what is below them) back."""
         then = AtCheckpoint(r, target.seq)
         keep: set[tuple[bytes, bytes]] = set()
@@ -290,7 +443,7 @@ class Timeline:
                 if ino_then is None or ino_now is None:
                     if not last and ino_then is None:
                         break
-        selected: Delta = {}
+        selected: dict[tuple[bytes, bytes], V] = {}
         for (table, key), value in delta.items():
             if (table, key) in keep or from_u64(key[:8]) in inos:
                 selected[(table, key)] = value

@@ -168,10 +168,27 @@ async def test_restore_both_puts_the_tree_back_and_invalidates_what_changed(
     assert tree_of(ov) == before
     assert result["what"] == "both" and result["changed_keys"] > 0
     assert hooks.flushes == 1 and hooks.calls == 1
-    assert {readme, new, ROOT_INO, ino(ov, "docs")} <= set(hooks.inodes)
+    assert {readme, ROOT_INO, ino(ov, "docs")} <= set(hooks.inodes)
+    assert new not in hooks.inodes  # deleted: no name leads to it (its name's entry goes)
     assert (ROOT_INO, b"new.txt") in hooks.entries
     assert (ino(ov, "docs"), b"guide.txt") in hooks.entries
     assert checkpoints(session)[-1].kind == "restore"
+
+
+async def test_a_restore_that_deletes_a_directory_invalidates_its_name_not_what_was_in_it(
+        session: Session, hooks: KernelHooks) -> None:
+    """The kernel drops the names below a directory with the directory's own name; a
+    restore that brings them back invalidates every one."""
+    ov = session.overlay
+    await session.command({"cmd": "checkpoint", "name": "before"})
+    d, _ = ov.create(ME, ROOT_INO, b"made", stat.S_IFDIR | 0o755, 0, 0)
+    files = [ov.create(ME, d, b"f%d" % i, REG, 0, 0)[0] for i in range(50)]
+    await session.command({"cmd": "restore", "id": "before"})
+    assert hooks.entries == [(ROOT_INO, b"made")] and hooks.inodes == [ROOT_INO]
+    hooks.inodes, hooks.entries = [], []
+    await session.command({"cmd": "restore", "id": "@before-last"})
+    assert set(hooks.entries) == {(ROOT_INO, b"made")} | {(d, b"f%d" % i) for i in range(50)}
+    assert set(hooks.inodes) == {ROOT_INO, d, *files}
 
 
 async def test_restore_is_undone_with_before_last(session: Session, hooks: KernelHooks) -> None:

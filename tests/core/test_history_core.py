@@ -131,16 +131,85 @@ async def test_a_restore_lists_what_it_adds_modifies_and_deletes(session: Sessio
     ov.write(ME, ino(ov, "README.md"), 0, b"changed")
     ov.remove(ME, ino(ov, "docs"), b"guide.txt", False)
     result = await tl.restore("start", ME)
-    rec = session.store.read(lambda r: next(
-        history_records(r, result["id"], tl)))
-    assert dict(zip(rec.paths, rec.changes)) == {
+    assert restore_files(session, result["id"]) == {}  # listed after the answer:
+    assert await tl.complete_restores() == 1
+    assert restore_files(session, result["id"]) == {
         "added": "D", "README.md": "M", "hardlink.md": "M", "docs/guide.txt": "A"}  # a link of README
+    assert await tl.complete_restores() == 0
 
 
-def history_records(r, cid, tl):  # the journal record a restore checkpoint stands for
+def history_records(r, cid, tl):  # the journal records a restore checkpoint stands for
     from overlayckpt.core.journal import records
     ck = tl.get(r, cid)
     yield from records(r, ck.start_seq, ck.seq)
+
+
+def restore_files(s: Session, cid: int) -> dict[str, str]:
+    """What a restore's records list: path -> A, M or D (each path once)."""
+    tl = Timeline(s)
+    out: dict[str, str] = {}
+    for rec in s.store.read(lambda r: list(history_records(r, cid, tl))):
+        for path, change in zip(rec.paths, rec.changes):
+            assert path not in out
+            out[path] = change
+    return out
+
+
+async def test_a_restore_spans_records_that_stay_small_and_lists_every_file(
+        session: Session) -> None:
+    """A restore of many files is journaled as several records, each under two LMDB pages
+    (one big value costs a search of LMDB's whole free list); they list every file, once."""
+    from overlayckpt.core.journal import RECORD_BYTES
+    from overlayckpt.tables import JOURNAL
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    start = tree_of(ov)
+    for i in range(300):
+        new, _ = ov.create(ME, ROOT_INO, b"file-%03d" % i, REG, 0, 0)
+        ov.write(ME, new, 0, b"%d" % i * 100)
+    after = tree_of(ov)
+    result = await tl.restore("start", ME)
+    assert tree_of(ov) == start
+    await tl.complete_restores()
+    ck = session.store.read(lambda r: tl.get(r, result["id"]))
+    sizes = session.store.read(lambda r: [
+        len(v) for k, v in r.range_from(JOURNAL, u64(ck.start_seq)) if from_u64(k) < ck.seq])
+    assert len(sizes) > 3 and max(sizes) < RECORD_BYTES + 2000, sizes
+    assert restore_files(session, result["id"]) == {f"file-{i:03d}": "D" for i in range(300)}
+    back = await tl.restore("@before-last", ME)
+    assert tree_of(ov) == after
+    await tl.complete_restores()
+    assert restore_files(session, back["id"]) == {f"file-{i:03d}": "A" for i in range(300)}
+
+
+async def test_a_restore_left_without_its_file_list_gets_it_after_a_reopen(
+        open_session: Callable[..., Session], repo: Path) -> None:
+    """The list is written after the restore's answer: a crash in between leaves the mark,
+    and the next completion (after the reopen) writes the list."""
+    s = open_session(repo)
+    tl = Timeline(s)
+    tl.checkpoint("start", None, ME)
+    s.overlay.create(ME, ROOT_INO, b"added", REG, 0, 0)
+    result = await tl.restore("start", ME)
+    s = open_session(repo, store=Path(s.store.path))  # (closed without the list)
+    assert restore_files(s, result["id"]) == {}
+    assert await Timeline(s).complete_restores() == 1
+    assert restore_files(s, result["id"]) == {"added": "D"}
+
+
+async def test_a_restore_merged_by_thinning_before_its_list_lists_nothing(
+        session: Session) -> None:
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    ov.create(ME, ROOT_INO, b"added", REG, 0, 0)
+    await tl.restore("start", ME)
+    ov.write(ME, ino(ov, "README.md"), 0, b"after")
+    tl.seal()
+    await thin(session.store, 0)  # every unnamed checkpoint goes, the restore's too
+    assert await tl.complete_restores() == 0
+    assert session.store.read(lambda r: [k for k, _ in r.prefix(META, b"restore_files/")]) == []
 
 
 @pytest.mark.parametrize("old", [1, 2])
@@ -265,8 +334,83 @@ async def test_a_restore_takes_in_what_was_written_after_it_was_prepared(session
     target = session.store.read(lambda r: tl.get(r, "start"))
     prep = session.store.read(lambda r: tl._prepare(r, target, None, True))
     ov.write(OTHER, ino(ov, "run.sh"), 0, b"after the snapshot")  # meanwhile
+    ov.write(OTHER, ino(ov, "README.md"), 0, b"and again")  # (a key the snapshot has)
     new, _ = ov.create(OTHER, ROOT_INO, b"late.txt", REG, 0, 0)
     ck = session.store.write(lambda w: tl._write_restore(w, prep, ME, None, "code", []))
     assert tree_of(ov) == start
-    rec = session.store.read(lambda r: next(history_records(r, ck.id, tl)))
-    assert {"README.md", "run.sh", "late.txt"} <= set(rec.paths)
+    await tl.complete_restores()
+    assert {"README.md", "run.sh", "late.txt"} <= set(restore_files(session, ck.id))
+    # (teardown's fsck: the index the transaction wrote blind is the one the journal implies)
+
+
+async def test_the_file_lists_of_random_restores_are_what_their_trees_differ_in(
+        open_session: Callable[..., Session], repo: Path) -> None:
+    for seed in range(3):
+        s = open_session(repo, store=repo.parent / f"lists-{seed}")
+        recorded = await _random_history(s, seed + 20)
+        tl = Timeline(s)
+        assert await tl.complete_restores() > 0
+        checked = 0
+        for ck in s.store.read(tl.all):
+            recs = s.store.read(lambda r, ck=ck: list(history_records(r, ck.id, tl)))
+            if ck.kind != "restore" or not recs or any(rec.op != "restore" for rec in recs):
+                continue  # (nothing changed, or merged by thinning)
+            before, after = recorded[ck.id - 1], recorded[ck.id]  # see _mark_before_restore
+            files = {p for p in before.keys() | after.keys()
+                     if before.get(p, ("f",))[0] != "d" and after.get(p, ("f",))[0] != "d"}
+            want = {p: "A" if p not in before else "D" if p not in after else "M"
+                    for p in files if before.get(p) != after.get(p)}
+            got = restore_files(s, ck.id)
+            assert {p: got.get(p) for p in want} == want, (seed, ck.id)
+            assert all(got[p] == "M" and p in before and p in after for p in set(got) - set(want))
+            checked += 1
+        assert checked > 2, seed
+
+
+async def test_on_a_mount_the_lists_follow_in_a_task_of_their_own(session: Session,
+                                                                   monkeypatch) -> None:
+    """A mounted session lists each restore's files after its answer; a restore that comes
+    while a list is being made stops it, and every list is written in the end."""
+    import dataclasses
+
+    import trio
+
+    from overlayckpt.core import timeline
+    monkeypatch.setattr(timeline, "LIST_AFTER", 0.0)  # (the restores come at once anyway)
+    session.ctx = dataclasses.replace(session.ctx, mountpoint=str(session.store.path))
+    ov = session.overlay
+    tl = Timeline(session.ctx)
+    tl.checkpoint("start", None, ME)
+    for i in range(200):
+        ov.create(ME, ROOT_INO, b"file-%03d" % i, REG, 0, 0)
+    first = await tl.restore("start", ME)
+    back = await tl.restore("@before-last", ME)  # (at once: the first list may be unwritten)
+    with trio.fail_after(30):
+        while session.store.read(lambda r: list(r.prefix(META, b"restore_files/"))):
+            await trio.sleep(0.01)
+    assert restore_files(session, first["id"]) == {f"file-{i:03d}": "D" for i in range(200)}
+    assert restore_files(session, back["id"]) == {f"file-{i:03d}": "A" for i in range(200)}
+
+
+async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Session) -> None:
+    """Thinning between the snapshot and the transaction merges records: the newest
+    versions the snapshot found moved, and the transaction finds them again."""
+    from overlayckpt.core.maintenance import Merge, apply_merge, merge_slice
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("start", None, ME)
+    start = tree_of(ov)
+    readme = ino(ov, "README.md")
+    for i in range(10):  # each write a group of its own
+        ov.write(CALLERS[i % 2], readme, 0, b"edit %d" % i)
+    tl.seal()
+    target = session.store.read(lambda r: tl.get(r, "start"))
+    prep = session.store.read(lambda r: tl._prepare(r, target, None, True))
+    lo, hi = target.seq + 1, session.store.read(lambda r: r.meta_int(SEQ_KEY))
+    cks = session.store.read(tl.all)
+    m = Merge(lo, hi, [c.id for c in cks if lo < c.seq < hi],  # meanwhile: the newest
+              [c.id for c in cks if lo <= c.start_seq < hi <= c.seq])  # versions move to lo
+    session.store.write(lambda w: apply_merge(w, m, merge_slice(w, m)))
+    session.store.write(lambda w: tl._write_restore(w, prep, ME, None, "code", []))
+    assert tree_of(ov) == start
+    assert fsck(session.store)["clean"], fsck(session.store)["problems"]
