@@ -137,6 +137,17 @@ class Mount:
             f.write((json.dumps(cmd) + "\n").encode())
             return json.loads(f.read().decode().strip().splitlines()[-1])
 
+    def listed_log(self, **args: Any) -> list[dict]:
+        """The log once no restore's file list is still to come (the daemon lists a
+        restore's files just after its answer)."""
+        deadline = time.monotonic() + 60
+        while True:
+            entries = self.ctl_ok({"cmd": "log", **args})["checkpoints"]
+            if not any(c.get("files_pending") for c in entries):
+                return entries
+            assert time.monotonic() < deadline, "a restore's files were never listed"
+            time.sleep(0.02)
+
     def kill_daemon(self) -> None:
         """kill -9 the daemon (no clean shutdown), then wait until its mount is stale."""
         pid = daemon_pid(self.store)

@@ -350,7 +350,7 @@ def test_export_git_every_until_interrupted(git_repo: Path, mount_factory) -> No
 def test_bundle_import_restores_every_checkpoint(repo: Path, mount_factory, tmp_path: Path) -> None:
     m = mount_factory(repo)
     live = record(m, seed=3, steps=8)
-    log = m.ctl({"cmd": "log"})["checkpoints"]
+    log = m.listed_log()
     ids = checkpoint_ids(m)
     assert ids == sorted(c["id"] for c in log)
     views = {cid: tree_digest(str(m.mnt / ".overlayckpt" / "checkpoints" / str(cid))) for cid in ids}
@@ -375,7 +375,7 @@ def test_bundle_import_restores_every_checkpoint(repo: Path, mount_factory, tmp_
     twice = run_cli("import", str(bundle), "--store", str(tmp_path / "store-imp"), check=False)
     assert twice.returncode == 1 and "already holds a session" in twice.stderr
     m2 = mount_factory(repo, name="imp")
-    assert m2.ctl({"cmd": "log"})["checkpoints"] == log
+    assert m2.listed_log() == log
     for cid in ids:
         assert tree_digest(str(m2.mnt / ".overlayckpt" / "checkpoints" / str(cid))) == views[cid], \
             f"checkpoint {cid} differs after import"
@@ -415,7 +415,7 @@ def record_and_export(repo: Path, m: Mount, tmp_path: Path, apply: bool
             live[m.ctl({"cmd": "checkpoint"})["id"]] = tree_digest(str(m.mnt))
     ids = checkpoint_ids(m)
     views = {cid: tree_digest(str(m.mnt / ".overlayckpt" / "checkpoints" / str(cid))) for cid in ids}
-    log = m.ctl({"cmd": "log"})["checkpoints"]
+    log = m.listed_log()
     bundle = tmp_path / "session.bundle"
     m.cli("export", "bundle", str(bundle))
     force_unmount(str(m.mnt))
@@ -438,7 +438,7 @@ def test_bundle_import_into_another_checkout(repo: Path, mount_factory, tmp_path
     try:
         run_cli("import", str(bundle), "--store", str(store), "--repo", str(checkout))
         m2 = mount_factory(checkout, name="imp")
-        assert m2.ctl({"cmd": "log"})["checkpoints"] == log
+        assert m2.listed_log() == log
         for cid, digest in views.items():
             assert tree_digest(str(m2.mnt / ".overlayckpt" / "checkpoints" / str(cid))) == digest, \
                 f"checkpoint {cid} differs after import into another checkout"

@@ -50,6 +50,8 @@ def cmd_log(args: argparse.Namespace) -> int:
             total = c.get("files_total", len(c["files"]))
             if total > 6:
                 files += f" (+{total - 6} more)"
+            if c.get("files_pending"):
+                files = "(its files are being listed)"
             name = f" [{c['name']}]" if c["name"] else ""
             proc = c["process"]["comm"] or "-"
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""

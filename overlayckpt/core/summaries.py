@@ -10,8 +10,9 @@ from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core import groupfiles
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
-from overlayckpt.records import Checkpoint, iso_time
+from overlayckpt.records import Checkpoint, iso_time, u64
 from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.tables import META, RESTORE_FILES_KEY
 
 NO_CHANGES = "no net changes"
 REFLOG = ".git/logs/HEAD"
@@ -46,6 +47,8 @@ class Files:
 def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) -> dict[str, Any]:
     """files_at: to name git operations from git's own records (without it: from paths)."""
     files = groupfiles.files(r, ck)
+    # a restore lists its files just after its answer (timeline.complete_restores)
+    pending = ck.kind == "restore" and r.get(META, RESTORE_FILES_KEY + u64(ck.start_seq)) is not None
     summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
     if ck.kind == "restore":
         summary = f"restored checkpoint {ck.restored_from}"
@@ -57,6 +60,7 @@ def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) 
         "id": ck.id, "seq": ck.seq, "time": iso_time(ck.time_ns), "kind": ck.kind, "name": ck.name,
         "message": ck.message, "summary": summary, "files": files, "empty": empty and ck.kind == "auto",
         "process": {"pid": ck.pid, "comm": ck.comm}, "restored_from": ck.restored_from,
+        "files_pending": pending,
     }
 
 
