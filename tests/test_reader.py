@@ -66,16 +66,22 @@ def test_commands_read_in_a_lower_priority_process_that_sees_every_change(mounte
     assert "unknown checkpoint 999" in bad.stderr
 
 
-def test_the_mount_answers_while_a_reading_is_held_up(mounted: Mount) -> None:
-    m = mounted
+def held_up_log(m: Mount) -> tuple[int, subprocess.Popen[str]]:
+    """A `log` whose reader the test stopped (SIGSTOP) with the request in its pipe."""
     (m.mnt / "a.txt").write_text("a\n")
     m.cli("log")
     reader = one_reader(m)
     os.kill(reader, signal.SIGSTOP)
+    log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+    return reader, log
+
+
+def test_the_mount_answers_while_a_reading_is_held_up(mounted: Mount) -> None:
+    m = mounted
+    reader, log = held_up_log(m)
     try:
-        log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
         # the request loop is free: stats, reads, writes and listings all answer
         os.stat(m.mnt / "a.txt")
         assert (m.mnt / "a.txt").read_text() == "a\n"
@@ -95,13 +101,7 @@ def test_the_mount_answers_while_a_reading_is_held_up(mounted: Mount) -> None:
 
 def test_a_dead_reader_costs_its_command_one_line_and_the_next_one_nothing(mounted: Mount) -> None:
     m = mounted
-    (m.mnt / "a.txt").write_text("a\n")
-    m.cli("log")
-    reader = one_reader(m)
-    os.kill(reader, signal.SIGSTOP)
-    log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+    reader, log = held_up_log(m)
     os.kill(reader, signal.SIGKILL)
     out, err = log.communicate(timeout=DEADLINE)
     # the command is answered all the same (in a thread of the daemon): nothing waits
@@ -114,12 +114,7 @@ def test_a_dead_reader_costs_its_command_one_line_and_the_next_one_nothing(mount
 
 def test_stopping_the_daemon_does_not_wait_for_a_reading(repo: Path, mount_factory) -> None:
     m = mount_factory(repo)
-    m.cli("log")
-    reader = one_reader(m)
-    os.kill(reader, signal.SIGSTOP)
-    log = subprocess.Popen([*CLI, "--mount", str(m.mnt), "log"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: _stopped_with_input(reader), "log to reach the stopped reader")
+    reader, log = held_up_log(m)
     t0 = time.monotonic()
     os.kill(daemon_pid(m.store), signal.SIGTERM)
     assert stop_daemon(m.store) is None

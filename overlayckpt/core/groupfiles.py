@@ -12,11 +12,12 @@ holds them (rows_of, computed in its snapshot).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
+from overlayckpt.core import history
 from overlayckpt.records import Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
+from overlayckpt.tables import GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
 GONE = "gone"
 
@@ -93,22 +94,10 @@ def is_built(r: ReadTxn) -> bool:
     return r.get(META, GROUPFILES_KEY) is not None
 
 
-def _groups(r: ReadTxn) -> Iterator[tuple[int, JournalRecord]]:
-    """Every journal record (without undo entries) with the start of its group."""
-    bounds = sorted({Checkpoint.unpack(from_u64(k), v).seq for k, v in r.range_from(CKPTS)})
-    i, start = 0, 1
-    for k, v in r.range_from(JOURNAL):
-        seq = from_u64(k)
-        while i < len(bounds) and bounds[i] <= seq:
-            start = bounds[i]
-            i += 1
-        yield start, JournalRecord.unpack_head(seq, v)
-
-
 def expected(r: ReadTxn) -> dict[bytes, bytes]:
     """The rows the journal implies (fsck compares them with the stored ones)."""
     net: dict[bytes, str] = {}
-    for start, rec in _groups(r):
+    for start, rec in history.grouped_records(r, JournalRecord.unpack_head):
         for path, change in zip(rec.paths, rec.changes):
             key = _key(start, path)
             net[key] = fold(net.get(key), change)

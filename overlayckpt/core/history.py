@@ -24,7 +24,7 @@ format 1, imported, recovered) has it rebuilt from the journal at open.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from overlayckpt.records import TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
@@ -141,7 +141,15 @@ def ensure(w: WriteTxn) -> bool:
 
 
 def _groups(r: ReadTxn) -> Iterator[tuple[int, int, tuple[tuple[int, bytes, bytes | None], ...]]]:
-    """Every journal record as (seq, start of its group, undo): groups end at checkpoints."""
+    """Every journal record as (seq, start of its group, undo)."""
+    for start, rec in grouped_records(r, JournalRecord.unpack):
+        yield rec.seq, start, rec.undo
+
+
+def grouped_records(r: ReadTxn, unpack: Callable[[int, bytes], JournalRecord]
+                    ) -> Iterator[tuple[int, JournalRecord]]:
+    """Every journal record (unpack: with or without its undo entries) with the start of
+    its group: groups end at checkpoints."""
     bounds = sorted({Checkpoint.unpack(from_u64(k), v).seq for k, v in r.range_from(CKPTS)})
     i, start = 0, 1
     for k, v in r.range_from(JOURNAL):
@@ -149,7 +157,7 @@ def _groups(r: ReadTxn) -> Iterator[tuple[int, int, tuple[tuple[int, bytes, byte
         while i < len(bounds) and bounds[i] <= seq:
             start = bounds[i]
             i += 1
-        yield seq, start, JournalRecord.unpack(seq, v).undo
+        yield start, unpack(seq, v)
 
 
 def expected(r: ReadTxn) -> dict[bytes, dict[bytes, bytes]]:
