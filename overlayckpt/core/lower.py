@@ -28,7 +28,7 @@ _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 # lower stat results kept in memory, those in listings included: at most this many (a
 # walk of 200,000 files must not keep 200,000: the kernel keeps what it looked up)
-CACHE_ENTRIES = 1 << 15
+CACHE_ENTRIES = 1 << 14
 _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
 
 
@@ -125,6 +125,7 @@ class Lower:
         self._stats: dict[bytes, Any] = {}
         self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
         self._listed = 0  # entries in _listings
+        self._huge: set[bytes] = set()  # directories too big to keep listed
         # called with the repo's fd before each listing until it answers True, once it
         # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
         # which runs only once the mount is served by the C library)
@@ -143,6 +144,7 @@ class Lower:
         self._stats.clear()
         self._listings.clear()
         self._listed = 0
+        self._huge.clear()
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -176,7 +178,7 @@ class Lower:
         ppin = self._pin(parent)
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
-        if siblings and ppin is None and parent not in self._listings:
+        if siblings and ppin is None and parent not in self._listings and parent not in self._huge:
             # the first name looked up in a directory: list it, which stats all its
             # entries in one pass. A tree walk (git status) looks up the siblings next,
             # and on a cold cache one pass reads the inodes in order, not one by one.
@@ -194,23 +196,29 @@ class Lower:
         self._remember_stat(path, st)
         return st
 
-    def _remember_stat(self, path: bytes, st: Any) -> None:
-        if len(self._stats) + self._listed > CACHE_ENTRIES:
+    def _make_room(self, entries: int) -> None:
+        if len(self._stats) + self._listed + entries > CACHE_ENTRIES:
             self._stats.clear()
             self._listings.clear()
             self._listed = 0
+
+    def _remember_stat(self, path: bytes, st: Any) -> None:
+        self._make_room(1)
         self._stats[path] = st
 
     def listdir(self, path: bytes) -> list[tuple[bytes, Any]]:
         cached = self._listings.get(path)
         if cached is None:
             cached = self._listdir(path)
-            if len(self._stats) + self._listed > CACHE_ENTRIES:
-                self._stats.clear()
-                self._listings.clear()
-                self._listed = 0
+            if len(cached) > CACHE_ENTRIES // 4:
+                # not kept: a lookup in it stats its one name, never lists it all again
+                self._huge.add(path)
+                return cached
+            self._make_room(2 * len(cached))
             self._listings[path] = cached
             self._listed += len(cached)
+            for name, st in cached:  # what stat(child) would answer (counted in _listed)
+                self._stats[join(path, name)] = st
         return cached
 
     def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
@@ -241,7 +249,6 @@ class Lower:
                     except OSError:
                         continue  # vanished behind our back
                     out.append((name, st))
-                    self._stats[child] = st  # what stat(child) would answer (counted in _listed)
             return out
         finally:
             os.close(fd)

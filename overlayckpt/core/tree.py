@@ -37,6 +37,23 @@ def node_from_stat(st: os.stat_result, origin: bytes) -> Node:
                 origin, st.st_size if stat.S_ISREG(st.st_mode) else 0, 0, None)
 
 
+class Parents:
+    """ino -> (parent ino, name), each packed in one bytes object: a walk of 200,000
+    entries keeps them all, and a tuple of the two costs 56 bytes more."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self) -> None:
+        self._packed: dict[int, bytes] = {}
+
+    def get(self, ino: int, default: "tuple[int, bytes] | None" = None) -> "tuple[int, bytes] | None":
+        raw = self._packed.get(ino)
+        return default if raw is None else (from_u64(raw[:8]), raw[8:])
+
+    def __setitem__(self, ino: int, where: tuple[int, bytes]) -> None:
+        self._packed[ino] = u64(where[0]) + where[1]
+
+
 class Tree:
     """Resolve names, attributes and content of any state over the lower."""
 
@@ -47,7 +64,7 @@ class Tree:
         # Lower paths are facts about the immutable lower, valid in every state.
         self.lower_paths: dict[int, bytes] = {ROOT_INO: b""}
         # ino -> (parent ino, name) as last seen; only to name paths in the journal.
-        self.parents: dict[int, tuple[int, bytes]] = {}
+        self.parents = Parents()
         self._lower_files: OrderedDict[bytes, LowerFile] = OrderedDict()
 
     # -- identity -------------------------------------------------------------
