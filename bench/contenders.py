@@ -197,6 +197,10 @@ class Contender:
     def store_bytes(self) -> tuple[int, int]:
         raise ContenderError(f"{self.name} has no store")
 
+    def daemon_pid(self) -> int | None:
+        """The process serving the mount (FUSE contenders), for its memory."""
+        return None
+
 
 class Native(Contender):
     """A plain copy of the repo on the host filesystem: the ceiling."""
@@ -250,6 +254,9 @@ class _FuseDaemon(Contender):
                                          start_new_session=True)
         wait_mounted(self.root, self.proc, self.log_path)
         self._note_fuse_conn()
+
+    def daemon_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def _stop(self) -> None:
         super().teardown()
@@ -493,6 +500,12 @@ class Overlayckpt(Contender):
 
     def restore_cli(self, ckpt: str) -> None:
         self._cli("restore", ckpt, "--mount", str(self.root))
+
+    def daemon_pid(self) -> int | None:
+        try:
+            return json.loads((self.store / "session.json").read_text()).get("pid")
+        except (OSError, ValueError):
+            return None
 
     def store_bytes(self) -> tuple[int, int]:
         # the write-behind log is a fixed-size ring (32 MiB once written round): not growth

@@ -154,6 +154,11 @@ def spec_checks(results: dict) -> list[tuple[str, str, str]]:
     r = inc[len(inc) // 2] if inc else None
     out.append(("store growth for 256 MiB of random bytes ≤ 1.1× its size",
                 fmt_ratio(r) or "–", verdict(None if r is None else r <= 1.1)))
+    rss = big.get("daemon_rss", {})
+    theirs = f" (fuse-overlayfs {fmt_bytes(rss[fo])})" if fo in rss else ""
+    out.append((f"daemon memory after `find -ls` ≤ 100 MB ({at}; the target is at 200,000)",
+                (fmt_bytes(rss[oc]) + theirs) if oc in rss else "–",
+                verdict(None if oc not in rss else rss[oc] <= 100e6)))
     g = big.get("store_growth", {})
     if oc in g and sg in g:
         a, b = g[oc]["apparent_bytes_per_edit"], g[sg]["apparent_bytes_per_edit"]

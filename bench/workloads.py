@@ -462,6 +462,32 @@ class Incompressible(Workload):
             ctx.tick(1)
 
 
+class DaemonMemory(Workload):
+    """The FUSE daemon's resident memory after a walk that stats every entry (``find
+    -ls``; issue 18: <= 100 MB at 200,000 files), and the walk's time."""
+
+    name = "daemon_memory"
+    iterations = (1, 1)
+    rounds = (1, 1)
+
+    def applies(self, c: Contender) -> bool:
+        return c.is_fuse
+
+    def wanted(self, ctx: Ctx) -> bool:
+        return ctx.largest
+
+    def run(self, c, ctx, start, count, out):
+        pid = c.daemon_pid()
+        t0 = now()
+        subprocess.run(["find", str(c.root), "-ls"], stdout=subprocess.DEVNULL, check=True)
+        _add(out, "walk_find_ls", now() - t0)
+        if pid is not None:
+            with open(f"/proc/{pid}/status") as f:
+                rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            ctx.extra.setdefault("daemon_rss", {})[c.name] = rss
+        ctx.tick(1)
+
+
 class TreeCommand(Workload):
     """A whole-tree command (``git status``, ``tar``), cold then warm.
 
@@ -643,6 +669,7 @@ def all_workloads() -> list[Workload]:
         SeqIO(),
         ManySmall(),
         Incompressible(),
+        DaemonMemory(),
         TreeCommand("git_status", ["git", "status", "--porcelain"], iterations=(1, 3), warm_runs=(2, 3)),
         # GNU tar skips reading data when writing straight to /dev/null: pipe through cat.
         TreeCommand("tar", ["bash", "-o", "pipefail", "-c", "tar cf - . | cat > /dev/null"],
