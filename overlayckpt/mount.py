@@ -113,13 +113,6 @@ class Daemon:
             except Exception as e:  # ENOSPC, EIO: the next round tries again
                 log.warning("thinning the history failed: %s", e)
 
-    async def _restore_lists(self) -> None:
-        """The file lists of restores a stopped daemon answered but had not listed yet."""
-        try:
-            await Timeline(self.session.ctx).complete_restores()
-        except Exception as e:  # (the next restore lists them too)
-            log.warning("listing the files of earlier restores failed: %s", e)
-
     async def _signals(self) -> None:
         stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         with trio.open_signal_receiver(*stops, signal.SIGUSR1) as sigs:
@@ -139,7 +132,8 @@ class Daemon:
             nursery.start_soon(self._signals)
             if self.session.readers is not None:
                 nursery.start_soon(self.session.readers.warm)
-            nursery.start_soon(self._restore_lists)
+            # the file lists of restores a stopped daemon answered but had not listed
+            nursery.start_soon(Timeline(self.session.ctx).complete_restores_later)
             await pyfuse3.main(min_tasks=2, max_tasks=16)
             nursery.cancel_scope.cancel()
 

@@ -185,3 +185,32 @@ def _handler(owner: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                            "usage": {"input_tokens": 10, "output_tokens": 5}}
                 self._send(200, "application/json", json.dumps(message).encode())
     return Handler
+
+
+def read(root: Path, path: str) -> str | None:
+    try:
+        return (root / path).read_text()
+    except FileNotFoundError:
+        return None
+
+
+def assert_each_call_restores(m: Any, repo: Path, autos: list[dict], calls: list[tuple[int, dict]],
+                              call_ids: list[str], agent: str | None = None) -> None:
+    """Each changing tool call's checkpoint (autos, oldest first; calls: its call's index
+    and {path: content after it, None: gone}) lists its files, ends its conversation with
+    its own call (not its result, not the next), and restores the tree as it was after it."""
+    expected = {path: read(repo, path) for _, after in calls for path in after}
+    states = []
+    for ck, (i, after) in zip(autos, calls):
+        expected.update(after)
+        states.append(dict(expected))
+        files = {f["path"] for f in ck["files"]}
+        assert set(after) <= files and files <= set(after) | {"src/new"}, (ck["id"], files)
+        at = m.ctl_ok({"cmd": "conversation", "at": ck["id"]})["lines"]
+        assert at[-1]["event"] == "PreToolUse" and at[-1]["tool_use_id"] == call_ids[i], at[-1]
+        if agent is not None:
+            assert at[-1]["agent"] == agent
+        assert [x["tool_use_id"] for x in at if x.get("event") == "PreToolUse"] == call_ids[:i + 1]
+    for ck, state in zip(autos, states):
+        m.cli("restore", str(ck["id"]), "--code")
+        assert {path: read(m.mnt, path) for path in state} == state, ck["id"]

@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,16 @@ def run_cli(*args: str, check: bool = True, input: str | None = None, cwd: str |
         raise AssertionError(f"overlayckpt {' '.join(args)} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def wait_for(cond: Callable[[], object], what: str, timeout: float = 60.0,
+             interval: float = 0.01) -> None:
+    """Wait until cond() holds, at most timeout seconds (then fail, saying what)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
 
 
 def proc_alive(pid: int) -> bool:

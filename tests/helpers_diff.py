@@ -5,12 +5,11 @@ import ctypes
 import errno
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import is_mounted, run_cli
+from conftest import is_mounted, run_cli, wait_for
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -38,18 +37,10 @@ def outcome(fn: Callable[[], Any]) -> tuple:
         return ("err", errno.errorcode.get(e.errno, e.errno))
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def unmount(mnt: Path) -> None:
     """Unmount through the CLI (a clean shutdown that flushes the store) and wait for it."""
     run_cli("unmount", str(mnt))
-    wait_until(lambda: not is_mounted(str(mnt)), what=f"{mnt} to unmount")
+    wait_for(lambda: not is_mounted(str(mnt)), f"{mnt} to unmount", timeout=30)
 
 
 def run(cmd: list[str], cwd: str | os.PathLike, env: dict[str, str] | None = None,

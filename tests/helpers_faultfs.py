@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conftest import wait_for
+
 FAULTFS = str(Path(__file__).with_name("faultfs.py"))
 START_TIMEOUT = 20.0
 CUT_TIMEOUT = 60.0  # writing the image of a big store
@@ -21,14 +23,6 @@ CUT_TIMEOUT = 60.0  # writing the image of a big store
 def is_mounted(path: str) -> bool:
     with open("/proc/self/mounts") as f:
         return any(line.split()[1] == path for line in f)
-
-
-def wait_for(cond, what: str, timeout: float, interval: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class FaultFsProc:

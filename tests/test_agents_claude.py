@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli
+from agent_server import ScriptedModel, agent_cli, assert_each_call_restores
 from conftest import Mount, run_cli
 
 @pytest.fixture(scope="module")
@@ -71,13 +71,6 @@ def absolute(mnt: Path, tool_input: dict) -> dict:
     return out
 
 
-def read(mnt: Path, path: str) -> str | None:
-    try:
-        return (mnt / path).read_text()
-    except FileNotFoundError:
-        return None
-
-
 def test_a_claude_session_is_one_checkpoint_per_tool_call(claude: Path, model: ScriptedModel,
                                                           repo: Path, mount_factory, tmp_path: Path) -> None:
     m: Mount = mount_factory(repo)
@@ -97,21 +90,7 @@ def test_a_claude_session_is_one_checkpoint_per_tool_call(claude: Path, model: S
         [(c["id"], c["summary"], [f["path"] for f in c["files"]]) for c in autos]
     assert all(c["kind"] == "auto" for c in autos)
 
-    expected = {path: read(repo, path) for _, _, _, after in STEPS for path in after}
-    states = []
-    for ck, (i, (_, _, _, after)) in zip(autos, changing):
-        expected.update(after)
-        states.append(dict(expected))
-        files = {f["path"] for f in ck["files"]}
-        assert set(after) <= files and files <= set(after) | {"src/new"}, (ck["id"], files)
-        # the conversation at the checkpoint ends with its own call: not its result, not the next
-        at = m.ctl_ok({"cmd": "conversation", "at": ck["id"]})["lines"]
-        assert at[-1]["event"] == "PreToolUse" and at[-1]["tool_use_id"] == call_ids[i], at[-1]
-        assert [x["tool_use_id"] for x in at if x.get("event") == "PreToolUse"] == call_ids[:i + 1]
-
-    for ck, state in zip(autos, states):
-        m.cli("restore", str(ck["id"]), "--code")
-        assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+    assert_each_call_restores(m, repo, autos, [(i, s[3]) for i, s in changing], call_ids)
 
     # back to the fifth changing call, code and conversation: the cut transcript resumes
     ck_index, (step_index, _) = 4, changing[4]

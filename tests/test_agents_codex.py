@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli
+from agent_server import ScriptedModel, agent_cli, assert_each_call_restores
 from conftest import Mount, run_cli
 
 
@@ -60,13 +60,6 @@ def run_codex(codex: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
     return proc.stdout
 
 
-def read(root: Path, path: str) -> str | None:
-    try:
-        return (root / path).read_text()
-    except FileNotFoundError:
-        return None
-
-
 def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: ScriptedModel, repo: Path,
                                                          mount_factory, tmp_path: Path) -> None:
     m: Mount = mount_factory(repo)
@@ -90,21 +83,8 @@ def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: Scr
     assert [c["summary"] for c in autos] == [summary for _, summary, _ in STEPS], \
         [(c["id"], c["summary"], [f["path"] for f in c["files"]]) for c in autos]
 
-    expected = {path: read(repo, path) for _, _, after in STEPS for path in after}
-    states = []
-    for i, (ck, (_, _, after)) in enumerate(zip(autos, STEPS)):
-        expected.update(after)
-        states.append(dict(expected))
-        files = {f["path"] for f in ck["files"]}
-        assert set(after) <= files and files <= set(after) | {"src/new"}, (ck["id"], files)
-        at = m.ctl_ok({"cmd": "conversation", "at": ck["id"]})["lines"]
-        assert at[-1]["event"] == "PreToolUse" and at[-1]["tool_use_id"] == call_ids[i], at[-1]
-        assert at[-1]["agent"] == "codex"
-        assert [x["tool_use_id"] for x in at if x.get("event") == "PreToolUse"] == call_ids[:i + 1]
-
-    for ck, state in zip(autos, states):
-        m.cli("restore", str(ck["id"]), "--code")
-        assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+    assert_each_call_restores(m, repo, autos, [(i, after) for i, (_, _, after) in enumerate(STEPS)],
+                              call_ids, agent="codex")
 
     # back to the fifth call, code and conversation: the cut rollout resumes, from anywhere
     result = m.ctl_ok({"cmd": "restore", "id": autos[4]["id"], "what": "both"})

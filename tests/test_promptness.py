@@ -23,19 +23,12 @@ from pathlib import Path
 
 from conftest import (
     CLI, daemon_pid, force_unmount, is_mounted, make_repo, proc_alive, run_cli, stop_daemon,
+    wait_for,
 )
 
 SLOW = 30.0  # seconds the export would wait for its output: what stopping must beat
 DEADLINE = 60.0
 STOPPED = "the daemon stopped while this command ran: run it again after mounting"
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def waiting_on_daemon(tid: int) -> bool:

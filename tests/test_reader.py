@@ -12,16 +12,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import CLI, Mount, daemon_pid, proc_alive, run_cli, stop_daemon
+from conftest import CLI, Mount, daemon_pid, proc_alive, run_cli, stop_daemon, wait_for
 
 DEADLINE = 60.0
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def readers(daemon: int) -> list[int]:

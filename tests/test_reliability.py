@@ -31,20 +31,13 @@ import pytest
 
 from conftest import (
     CLI, Mount, daemon_pid, force_unmount, is_mounted, make_repo, proc_alive, run_cli, tree_digest,
+    wait_for,
 )
 
 DEADLINE = 60.0  # seconds for any single condition to become true
 
 
 # -- harness ------------------------------------------------------------------
-
-def wait_for(cond, what: str, timeout: float = DEADLINE, interval: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
-
 
 def stale(path: Path) -> bool:
     """The daemon is gone. stat of the mount root itself may still answer from the

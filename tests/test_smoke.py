@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from conftest import Mount, tree_digest
-from helpers_diff import wait_until
+from conftest import wait_for
 
 
 def test_mount_shows_repo(mounted: Mount) -> None:
@@ -72,7 +72,7 @@ def test_repo_metadata_is_read_ahead_without_leaving_the_repo(repo: Path, mount_
 
     def ended() -> bool:
         return m.ctl_ok({"cmd": "status"})["repo_read_ahead"]["done"]
-    wait_until(ended, what="the read-ahead walk to end")
+    wait_for(ended, "the read-ahead walk to end", timeout=30)
     assert m.ctl_ok({"cmd": "status"})["repo_read_ahead"] == {"dirs": repo_dirs, "done": True}
     assert os.listdir(m.mnt / "docs" / "elsewhere") == ["a"]  # still reachable as a symlink
 

@@ -100,6 +100,21 @@ def offline(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
         session.close()
 
 
+def served_at(store_dir: str) -> str | None:
+    """Where a live daemon serves the session in store_dir, if one does."""
+    from overlayckpt.store.info import read_info  # (not on the daemon's path: it is heavier)
+    info = read_info(store_dir)
+    if info.get("pid") and pid_alive(info["pid"]) and info.get("mountpoint"):
+        return str(info["mountpoint"])
+    return None
+
+
+def call_store(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    """One command on the session in store_dir: through its daemon if one serves it."""
+    mountpoint = served_at(store_dir)
+    return send(mountpoint, cmd) if mountpoint is not None else offline(store_dir, cmd)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

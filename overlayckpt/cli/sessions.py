@@ -119,18 +119,10 @@ def _disk_bytes(path: str) -> int:
     return total
 
 
-def _mounted_at(store: str) -> str | None:
-    info = read_info(store)
-    if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
-        return str(info["mountpoint"])
-    return None
-
-
 def describe(n: int, store: str, default: bool) -> dict[str, Any]:
-    mounted = _mounted_at(store)
+    mounted = client.served_at(store)
     try:
-        summary = (client.send(mounted, {"cmd": "summary"}) if mounted
-                   else client.offline(store, {"cmd": "summary"}))
+        summary = client.call_store(store, {"cmd": "summary"})
     except (UserError, OSError) as e:
         summary = {"error": str(e)}
     mtime = max(os.stat(os.path.join(store, f)).st_mtime for f in ("data.mdb", "lock.mdb"))
@@ -189,7 +181,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
         if not is_store(store):
             raise UserError(f"{given} is not an overlayckpt session store: give an id or a "
                             "store path that 'overlayckpt sessions' lists")
-    mounted = _mounted_at(store)
+    mounted = client.served_at(store)
     if mounted:
         raise UserError(f"session {given} is mounted at {mounted}: unmount it first")
     lock_fd = os.open(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

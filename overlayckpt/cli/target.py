@@ -59,11 +59,7 @@ class Target:
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
         if self.mount is not None:
             return client.send(self.mount, cmd)
-        from overlayckpt.store.info import read_info  # (not on the daemon's path: it is heavier)
-        info = read_info(self.store or "")
-        if info.get("pid") and client.pid_alive(info["pid"]) and info.get("mountpoint"):
-            return client.send(info["mountpoint"], cmd)
-        return client.offline(self.store or "", cmd)
+        return client.call_store(self.store or "", cmd)
 
 
 def emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:

@@ -94,21 +94,34 @@ def is_built(r: ReadTxn) -> bool:
     return r.get(META, GROUPFILES_KEY) is not None
 
 
-def expected(r: ReadTxn) -> dict[bytes, bytes]:
-    """The rows the journal implies (fsck compares them with the stored ones)."""
-    net: dict[bytes, str] = {}
-    for start, rec in history.grouped_records(r, JournalRecord.unpack_head):
+class Expected:
+    """The rows the journal implies, record by record (fsck compares them with the
+    stored ones; ensure writes them)."""
+
+    def __init__(self) -> None:
+        self._net: dict[bytes, str] = {}
+
+    def add(self, start: int, rec: JournalRecord) -> None:
         for path, change in zip(rec.paths, rec.changes):
             key = _key(start, path)
-            net[key] = fold(net.get(key), change)
-    return {k: v.encode() for k, v in net.items()}
+            self._net[key] = fold(self._net.get(key), change)
+
+    def rows(self) -> dict[bytes, bytes]:
+        return {k: v.encode() for k, v in self._net.items()}
+
+
+def expected(r: ReadTxn) -> dict[bytes, bytes]:
+    out = Expected()
+    for start, rec in history.grouped_records(r, JournalRecord.unpack_head):
+        out.add(start, rec)
+    return out.rows()
 
 
 def ensure(w: WriteTxn) -> bool:
     """Rebuild the rows from the journal if they are missing. Returns whether they were."""
     if is_built(w):
         return False
-    w.txn.drop(w.store.dbs[GROUPFILES], delete=False)
+    w.clear(GROUPFILES)
     for key, value in sorted(expected(w).items()):
         w.put(GROUPFILES, key, value, append=True)
     w.set_meta_int(GROUPFILES_KEY, 1)

@@ -80,22 +80,9 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     order touch the same pages); the new CHANGED entries share seq, above every other."""
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
-    put_many(w, VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    delete_many(w, CHANGED, sorted(last + vk for vk, _, last in rows if last is not None))
-    put_many(w, CHANGED, [(at + vk, b"") for vk, _, _ in rows], append=True)
-
-
-def put_many(w: WriteTxn, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False
-             ) -> None:
-    """Puts in one call: py-lmdb's putmulti runs the loop in C (a put from Python costs
-    0.4 us, one of putmulti's in order 0.1). (It belongs in WriteTxn, lmdbstore.py.)"""
-    w.txn.cursor(db=w.store.dbs[table]).putmulti(items, append=append)
-
-
-def delete_many(w: WriteTxn, table: bytes, keys: list[bytes]) -> None:
-    delete, db = w.txn.delete, w.store.dbs[table]  # (as put_many: without a call per key)
-    for key in keys:
-        delete(key, db=db)
+    w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
+    w.delete_many(CHANGED, sorted(last + vk for vk, _, last in rows if last is not None))
+    w.put_many(CHANGED, [(at + vk, b"") for vk, _, _ in rows], append=True)
 
 
 def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:
@@ -133,17 +120,11 @@ def ensure(w: WriteTxn) -> bool:
     if is_built(w):
         return False
     for table in (VERSIONS, CHANGED):
-        w.txn.drop(w.store.dbs[table], delete=False)
-    for seq, start, undo in _groups(w):
-        record(w, start, seq, undo)
+        w.clear(table)
+    for start, rec in grouped_records(w, JournalRecord.unpack):
+        record(w, start, rec.seq, rec.undo)
     w.set_meta_int(HISTORY_KEY, 1)
     return True
-
-
-def _groups(r: ReadTxn) -> Iterator[tuple[int, int, tuple[tuple[int, bytes, bytes | None], ...]]]:
-    """Every journal record as (seq, start of its group, undo)."""
-    for start, rec in grouped_records(r, JournalRecord.unpack):
-        yield rec.seq, start, rec.undo
 
 
 def grouped_records(r: ReadTxn, unpack: Callable[[int, bytes], JournalRecord]
@@ -160,23 +141,27 @@ def grouped_records(r: ReadTxn, unpack: Callable[[int, bytes], JournalRecord]
         yield start, unpack(seq, v)
 
 
-def expected(r: ReadTxn) -> dict[bytes, dict[bytes, bytes]]:
-    """The index the journal implies, table by table (fsck compares it with the stored one)."""
-    out: dict[bytes, dict[bytes, bytes]] = {VERSIONS: {}, CHANGED: {}}
-    latest: dict[bytes, bytes] = {}
-    for seq, start, undo in _groups(r):
-        for code, key, old in undo:
+class Expected:
+    """The index the journal implies, table by table, record by record (fsck compares it
+    with the stored one, in the same pass over the journal as groupfiles.Expected)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[bytes, dict[bytes, bytes]] = {VERSIONS: {}, CHANGED: {}}
+        self._latest: dict[bytes, bytes] = {}
+
+    def add(self, start: int, rec: JournalRecord) -> None:
+        versions, changed = self.tables[VERSIONS], self.tables[CHANGED]
+        for code, key, old in rec.undo:
             vk = vkey(code, key)
-            last = latest.get(vk)
+            last = self._latest.get(vk)
             if last is not None:
                 if last >= u64(start):
                     continue
-                del out[CHANGED][last + vk]
-            at = u64(seq)
-            out[VERSIONS][vk + at] = _tag(old)
-            out[CHANGED][at + vk] = b""
-            latest[vk] = at
-    return out
+                del changed[last + vk]
+            at = u64(rec.seq)
+            versions[vk + at] = _tag(old)
+            changed[at + vk] = b""
+            self._latest[vk] = at
 
 
 # -- reading ---------------------------------------------------------------------

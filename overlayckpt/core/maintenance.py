@@ -92,9 +92,13 @@ def fsck(store: Store) -> dict[str, Any]:
 def _history_problems(r: ReadTxn) -> list[str]:
     """Where the history index or the file rows disagree with the journal (missing ones
     are rebuilt at open)."""
-    expected = history.expected(r) if history.is_built(r) else {}
+    index, rows = history.Expected(), groupfiles.Expected()
+    for start, rec in history.grouped_records(r, JournalRecord.unpack):  # (one pass for both)
+        index.add(start, rec)
+        rows.add(start, rec)
+    expected = index.tables if history.is_built(r) else {}
     if groupfiles.is_built(r):
-        expected[GROUPFILES] = groupfiles.expected(r)
+        expected[GROUPFILES] = rows.rows()
     out = []
     for table, want in expected.items():
         have = dict(r.range_from(table))

@@ -94,11 +94,13 @@ class Overlay(Tree):
         self.window = window
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
-        store.write(ensure_origin_checkpoint)
-        if store.read(lambda r: not history.is_built(r)):
-            store.write(history.ensure)  # format 1, imported or recovered: one pass over the journal
-        if store.read(lambda r: not groupfiles.is_built(r)):
-            store.write(groupfiles.ensure)  # (the same, and format 2)
+        def set_up(w: WriteTxn) -> None:
+            ensure_origin_checkpoint(w)
+            # the derived tables, where missing (an older format, an import, a recovery):
+            # one pass over the journal each
+            history.ensure(w)
+            groupfiles.ensure(w)
+        store.write(set_up)
 
     # -- plumbing -------------------------------------------------------------
 

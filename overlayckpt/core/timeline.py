@@ -261,7 +261,7 @@ class Timeline:
         await self._invalidate(changed)
         if (changed or listing) and self.ctx.mountpoint is not None:
             # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
-            trio.lowlevel.spawn_system_task(self._complete_after)
+            trio.lowlevel.spawn_system_task(self.complete_restores_later)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings}
 
@@ -311,9 +311,9 @@ class Timeline:
                 puts.setdefault(table, []).append((key, value))
             changed.append((table, key, value is None))
         for table, keys in deletes.items():
-            history.delete_many(w, table, keys)
+            w.delete_many(table, keys)
         for table, items in puts.items():
-            history.put_many(w, table, items)
+            w.put_many(table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
         if undo:
             w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
@@ -353,7 +353,7 @@ class Timeline:
             self.store.write(lambda w: _fill_files(w, seq, files))
             done += files is not None
 
-    async def _complete_after(self) -> None:
+    async def complete_restores_later(self) -> None:
         """complete_restores once the restore has answered (a task without a nursery)."""
         with trio.CancelScope() as scope:
             _listing[id(self.store)] = scope

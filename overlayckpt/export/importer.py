@@ -128,5 +128,5 @@ def _clear(store: Store) -> None:
                     if k not in _KEEP:
                         w.delete(META, k)
             else:
-                w.txn.drop(store.dbs[table], delete=False)
+                w.clear(table)
     store.write(fn)

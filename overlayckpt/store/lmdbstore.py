@@ -197,6 +197,28 @@ class WriteTxn(ReadTxn):
             key = key if found is None else found[0]
         self.txn.delete(key, db=self.store.dbs[table])
 
+    def put_many(self, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False) -> None:
+        """Puts in one call: py-lmdb's putmulti loops in C (a put from Python costs 0.4 us,
+        one of putmulti's, in key order, 0.1)."""
+        if table == BLOCKS:  # (blocks may be split: one at a time)
+            for key, value in items:
+                self.put(table, key, value)
+            return
+        self.txn.cursor(db=self.store.dbs[table]).putmulti(items, append=append)
+
+    def delete_many(self, table: bytes, keys: list[bytes]) -> None:
+        if table == BLOCKS:
+            for key in keys:
+                self.delete(table, key)
+            return
+        delete, db = self.txn.delete, self.store.dbs[table]  # (no Python call per key of ours)
+        for key in keys:
+            delete(key, db=db)
+
+    def clear(self, table: bytes) -> None:
+        """Empty the table (it stays)."""
+        self.txn.drop(self.store.dbs[table], delete=False)
+
     def put_block(self, data: bytes) -> bytes:
         """Store one block once, keyed by its blake3 digest; zeros are not stored."""
         if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
