@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1340,10 +1340,11 @@ def waiting_on_daemon(tid: int) -> bool:
 
 
 @contextlib.contextmanager
-def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
+def daemon_busy(mnt: Path) -> Iterator[Callable[[], None]]:
     """Keep the daemon's Python busy (an fsck --repair of 96 MiB of blocks: a repair
     writes, so it runs on the loop's thread) while the body runs: writes made
-    meanwhile are acknowledged by C and wait in its queue."""
+    meanwhile are acknowledged by C and wait in its queue. The body calls what it is
+    given, before it stops the daemon, to check that fsck still ran all along."""
     (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(96 << 20))
     ctl = os.open(mnt / ".overlayckpt" / "ctl", os.O_RDWR)
     tid: list[int] = []
@@ -1358,8 +1359,10 @@ def daemon_busy(mnt: Path) -> Iterator[threading.Thread]:
         wait_for(lambda: tid and waiting_on_daemon(tid[0]), "fsck to start")
         # (a wait that lasts is fsck's: C answers the others in microseconds)
         wait_for(lambda: all(waiting_on_daemon(tid[0]) for _ in range(50)), "fsck to run")
-        yield checker
-        assert waiting_on_daemon(tid[0]), "fsck ended too soon: give it more to check"
+
+        def still_busy() -> None:
+            assert waiting_on_daemon(tid[0]), "fsck ended too soon: give it more to check"
+        yield still_busy
     finally:
         checker.join(timeout=DEADLINE)
         os.close(ctl)
@@ -1413,12 +1416,13 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
         burst = os.open(m.mnt / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         readme = os.open(m.mnt / "README.md", os.O_WRONLY)  # (a repo file, never written)
         blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
-        with daemon_busy(m.mnt):
+        with daemon_busy(m.mnt) as still_busy:
             for i, block in enumerate(blocks):
                 assert os.pwrite(burst, block, i * 4096) == 4096
             assert os.write(readme, b"# DEMO") == 6
             os.close(burst)
             os.close(readme)
+            still_busy()  # (before the kill: a killed daemon answers no more)
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die")
         force_unmount(str(m.mnt))
@@ -1442,10 +1446,11 @@ def test_sigterm_stores_acknowledged_writes_before_it_applies(tmp_path: Path) ->
         pid = daemon_pid(store)
         burst = os.open(repo / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
-        with daemon_busy(repo):
+        with daemon_busy(repo) as still_busy:
             for i, block in enumerate(blocks):
                 assert os.pwrite(burst, block, i * 4096) == 4096
             os.close(burst)
+            still_busy()  # (before the signal: a stopping daemon cuts fsck short)
             os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not proc_alive(pid), f"daemon {pid} to exit")
     finally:
