@@ -76,6 +76,11 @@ def fsync_dir(path):
     finally:
         os.close(fd)
 
+def ctl(cmd):
+    with open(os.path.join(root, ".overlayckpt", "ctl"), "r+b", buffering=0) as f:
+        f.write((json.dumps(cmd) + "\n").encode())
+        return json.loads(f.read().decode().strip().splitlines()[-1])
+
 def write_all(fd, data):
     view = memoryview(data)
     while view:
@@ -84,6 +89,7 @@ def write_all(fd, data):
 base = os.path.join(root, "storm")
 dirs = [os.path.join(base, "d%d" % i) for i in range(3)]
 files = {}  # path (relative to root) -> content, as this process wrote it
+at_checkpoint = {}  # name of a checkpoint this process made -> files then
 n = 0
 try:
     os.mkdir(base)
@@ -94,9 +100,10 @@ try:
     log(op="start", sync_p=sync_p)
     while True:
         n += 1
-        op = rng.choices(["write", "pwrite", "append", "replace", "rename", "unlink", "checkpoint"],
-                         [5, 3, 3, 2, 2, 1, 1])[0]
-        if op in ("pwrite", "append", "rename", "unlink") and not files:
+        op = rng.choices(["write", "pwrite", "append", "replace", "rename", "unlink", "checkpoint",
+                          "restore"], [5, 3, 3, 2, 2, 1, 1, 1])[0]
+        if op in ("pwrite", "append", "rename", "unlink") and not files or \
+                op == "restore" and not at_checkpoint:
             op = "write"
         sync = rng.random() < sync_p
         if op == "write":
@@ -170,11 +177,20 @@ try:
             log(op=op, path=rel, hash=None, synced=sync)
         elif op == "checkpoint":
             name = "c%d" % n
-            with open(os.path.join(root, ".overlayckpt", "ctl"), "r+b", buffering=0) as f:
-                f.write((json.dumps({"cmd": "checkpoint", "name": name}) + "\n").encode())
-                reply = json.loads(f.read().decode().strip().splitlines()[-1])
+            reply = ctl({"cmd": "checkpoint", "name": name})
             if reply.get("ok"):
+                at_checkpoint[name] = dict(files)
                 log(op=op, name=name, id=reply["id"])
+        elif op == "restore":  # answered before it is durable: a cut may undo it, whole
+            name = rng.choice(sorted(at_checkpoint))
+            then = at_checkpoint[name]
+            paths = sorted(set(files) | set(then))
+            log(op="begin", paths=paths)
+            reply = ctl({"cmd": "restore", "id": name, "what": "code"})
+            if not reply.get("ok"):
+                raise RuntimeError("restore %s: %s" % (name, reply))
+            files = dict(then)
+            log(op=op, name=name, states={p: h(files[p]) if p in files else None for p in paths})
 except BaseException as e:  # after the cut every call fails; before it, it must not
     log(op="error", error="%s: %s" % (type(e).__name__, e), n=n)
     raise SystemExit(1)
@@ -270,6 +286,9 @@ def expectations(events: list[dict[str, Any]], cut_at: float, all_durable: bool 
         op = e["op"]
         if op == "checkpoint":
             named[e["name"]] = e["id"]
+        elif op == "restore":
+            for path, state in e["states"].items():
+                history.setdefault(path, []).append((state, False, e["t"], op))
         elif op in ("write", "pwrite", "append", "replace", "unlink", "rename"):
             history.setdefault(e["path"], []).append((e["hash"], e["synced"], e["t"], op))
             if op == "rename":
@@ -382,6 +401,7 @@ def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]
     out["checked_paths"] = len(expect)
     out["named"] = len(named)
     out["fsynced"] = sum(1 for e in events if e.get("synced"))
+    out["restores"] = sum(1 for e in events if e["op"] == "restore")
     problems = lmdb_problems(image / "store")
     out["lmdb_damaged"] = bool(problems) if problems is not None else "no data.mdb"
     out["store_files"] = sorted(p.name for p in (image / "store").iterdir()) if (image / "store").is_dir() \
@@ -531,9 +551,10 @@ def test_harness_control_clean_shutdown(tmp_path: Path) -> None:
     """The same storm and checks with a clean unmount instead of a cut: nothing may be missing
     (the checks themselves report no false losses)."""
     o = one_cut(tmp_path / "control", seed=5, mode="none", duration=2.0)
-    print(json.dumps({k: o[k] for k in ("status", "events", "fsynced", "named", "checked_paths")}))
+    print(json.dumps({k: o[k] for k in ("status", "events", "fsynced", "named", "restores",
+                                        "checked_paths")}))
     assert o["status"] == "ok" and not o["lost"] and not o["problems"], o
-    assert o["checked_paths"] > 30 and o["named"] > 0
+    assert o["checked_paths"] > 30 and o["named"] > 0 and o["restores"] > 0
 
 
 @pytest.mark.stress

@@ -130,7 +130,7 @@ def _exact_changes(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: C
     entry["files"] = [{**f, "change": exact.get(f["path"], f["change"])} for f in entry["files"]]
 
 
-@command("restore", durable=True)
+@command("restore", sync_soon=True)
 async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if "id" not in cmd:
         raise UserError('restore needs "id" (a checkpoint id or name)')

@@ -13,6 +13,9 @@ from typing import Any
 Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
 DURABLE: set[str] = set()  # commands whose changes survive a power cut once they answer
+# commands that start a sync point as they answer, without waiting for the disk: a power
+# cut before it ends loses nothing (after a restore's, the state it replaced is live again)
+SYNC_SOON: set[str] = set()
 
 # The read-only part of a command: (session, store, command) -> result, run where no
 # request of the mount waits for it (Session.read_off_loop: the reader process of a
@@ -21,11 +24,14 @@ Reading = Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
 READINGS: dict[str, Reading] = {}
 
 
-def command(name: str, durable: bool = False) -> Callable[[Handler], Handler]:
+def command(name: str, durable: bool = False, sync_soon: bool = False
+            ) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
         if durable:
             DURABLE.add(name)
+        if sync_soon:
+            SYNC_SOON.add(name)
         return fn
     return register
 

@@ -23,7 +23,7 @@ from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import ReaderFailed, UserError
 from overlayckpt.core.workers import off_loop
-from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, command
+from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
@@ -163,7 +163,15 @@ class Session:
         result = await handler(self, cmd)
         if name in DURABLE:
             await make_durable(self.store)
+        elif name in SYNC_SOON:
+            trio.lowlevel.spawn_system_task(self._sync_now)
         return result
+
+    async def _sync_now(self) -> None:
+        try:
+            await make_durable(self.store)
+        except Exception as e:  # (a system task must not raise; the next sync point retries)
+            log.warning("a sync point of the store failed: %s", e)
 
     def status(self) -> dict[str, Any]:
         from overlayckpt.core.timeline import Timeline
