@@ -4,14 +4,44 @@ thread of the bench it would hold the bench process's GIL between the probe's sy
 calls, and the probe would time the bench's own waits for it.
 
 argv: a file that gets one byte per completed loop, then the commands as JSON
-([metric, argv] pairs)."""
+([metric, argv] pairs; an argv that is {"ctl": path, "cmd": {...}} is written to a
+mount's control file from this process instead: the daemon's share of a command, without
+a client process starting each time)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+
+
+def run(argv: list[str]) -> str | None:
+    r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}" if r.returncode else None
+
+
+def ctl(spec: dict) -> str | None:
+    """One command through the control file, as the CLI sends it; its error, if any."""
+    fd = os.open(spec["ctl"], os.O_RDWR)
+    try:
+        os.write(fd, json.dumps(spec["cmd"]).encode() + b"\n")
+        chunks, offset = [], 0
+        while True:  # (as the CLI reads it: cli/client.py)
+            chunk = os.pread(fd, 1 << 20 if chunks else 16 << 10, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            if chunk.endswith(b"\n"):
+                break
+    except OSError as e:
+        return f"{e.strerror}"
+    finally:
+        os.close(fd)
+    reply = json.loads(b"".join(chunks).decode().strip().splitlines()[-1])
+    return None if reply.get("ok") else str(reply.get("error"))[-300:]
 
 
 def main() -> None:
@@ -28,10 +58,10 @@ def main() -> None:
         while not stop:
             for metric, argv in commands:
                 t0 = time.perf_counter_ns()
-                r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                error = ctl(argv) if isinstance(argv, dict) else run(argv)
                 times.setdefault(metric, []).append(time.perf_counter_ns() - t0)
-                if r.returncode != 0 and not stop:
-                    errors.append(f"{metric}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+                if error and not stop:
+                    errors.append(f"{metric}: {error}")
             progress.write(b".")
     json.dump({"times": times, "errors": errors}, sys.stdout)
 

@@ -219,21 +219,39 @@ class Stall(Workload):
             head = self._change(c)
             os.sync()  # the change's writes reach the daemon now, not during the idle phase
             self._phase("idle", out, seconds, None)
-            mnt = str(c.root)
-            loop = CommandLoop([
-                ("stall_cmd_log", [c.exe, "log", "--limit", "5", "--mount", mnt]),
-                ("stall_cmd_diff_stat", [c.exe, "diff", self.base, head, "--stat", "--mount", mnt]),
-            ])
-            loop.start()
-            try:
-                self._phase("busy", out, seconds, loop)
-            finally:
-                loop.stop()
-            for metric, ns in loop.times.items():
-                out.setdefault(metric, []).extend(ns)
-            facts["busy_loops"] += loop.done_at_stop
-            facts["errors"] += loop.errors[:3]
+            for label, commands in self._loads(c, head):
+                loop = CommandLoop(commands)
+                loop.start()
+                try:
+                    self._phase(label, out, seconds, loop)
+                finally:
+                    loop.stop()
+                for metric, ns in loop.times.items():
+                    out.setdefault(metric, []).extend(ns)
+                facts[f"{label}_loops"] = facts.get(f"{label}_loops", 0) + loop.done_at_stop
+                facts["errors"] += loop.errors[:3]
             ctx.tick(1)
+
+    def _loads(self, c, head: str) -> list[tuple[str, list]]:
+        """The busy phases, one after another: log and diff --stat from the CLI (a process
+        started per command, as a user or a script runs them); the same two commands through
+        the control file from one process (the daemon's share alone); and the CLI starting
+        and printing its help, with no daemon in it (the client's share alone: on two cores
+        its start-up competes with the probe and the daemon for the CPU)."""
+        mnt = str(c.root)
+        ctl = str(c.root / ".overlayckpt" / "ctl")
+        return [
+            ("busy", [("stall_cmd_log", [c.exe, "log", "--limit", "5", "--mount", mnt]),
+                      ("stall_cmd_diff_stat", [c.exe, "diff", self.base, head, "--stat", "--mount", mnt])]),
+            ("ctl", [("stall_ctl_cmd_log", {"ctl": ctl, "cmd": {"cmd": "log", "limit": 5}}),
+                     ("stall_ctl_cmd_diff_stat", {"ctl": ctl, "cmd": {"cmd": "diff", "a": _ref(self.base),
+                                                                      "b": _ref(head), "stat": True}})]),
+            ("start", [("stall_cmd_help", [c.exe, "--help"])]),
+        ]
+
+
+def _ref(value: str) -> int | str:
+    return int(value) if value.isdigit() else value
 
 
 # -- the long-session workload -------------------------------------------------------------
