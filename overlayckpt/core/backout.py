@@ -186,12 +186,17 @@ def _side(tl: Timeline, state: State, path: str) -> Side:
 
 
 def _before(r: ReadTxn, target: Checkpoint) -> Checkpoint:
-    """The newest checkpoint older than target (ids grow; thinning may have dropped some)."""
+    """The newest checkpoint of an older state than target's: the one just before it, or
+    for a checkpoint with no records of its own (a named one, made after a group), the
+    one before that group. (Ids and positions grow together; thinning drops some ids.)"""
     if target.id == 0:
         raise UserError("checkpoint 0 is the session's start: no checkpoint before it "
                         "to back out to")
-    k, v = next(r.range_from(CKPTS, u64(target.id - 1), reverse=True))  # (0 is never dropped)
-    return Checkpoint.unpack(from_u64(k), v)
+    for k, v in r.range_from(CKPTS, u64(target.id - 1), reverse=True):
+        ck = Checkpoint.unpack(from_u64(k), v)
+        if ck.seq < target.seq:
+            return ck
+    raise UserError(f"checkpoint {target.id} changed no files: nothing to back out")
 
 
 def work_out(tl: Timeline, r: ReadTxn, ref: Any, paths: list[str] | None,
