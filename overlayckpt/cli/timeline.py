@@ -130,7 +130,8 @@ def cmd_backout(args: argparse.Namespace) -> int:
             return f"nothing to back out: the changes of checkpoint {r['backed_out']} are undone already"
         files = " ".join(f"{f['change']} {f['path']}" for f in r["files"][:6])
         more = f" (+{len(r['files']) - 6} more)" if len(r["files"]) > 6 else ""
-        return f"backed out checkpoint {r['backed_out']} as checkpoint {r['id']}: {files}{more}"
+        return (f"backed out checkpoint {r['backed_out']} as checkpoint {r['id']}: {files}{more}\n"
+                f"(undo: overlayckpt restore {r['id'] - 1})")
     return _emit(args, result, text)
 
 

@@ -149,15 +149,17 @@ def append_closed(w: WriteTxn, caller: Caller, op: str, undo: list[tuple[int, by
                   newest: list[bytes | None] | None = None, paths: tuple[str, ...] = (),
                   changes: tuple[str, ...] = ()) -> Checkpoint:
     """Journal one operation as a checkpoint of its own (a restore, a backout), outside any
-    group: as many records as keep each under RECORD_BYTES (newest: history.record), the
-    first with the paths it changed, if given (a restore lists its own later)."""
+    group: as many records as keep each under RECORD_BYTES (newest: history.record), with
+    the paths it changed shared out among them, if given (a restore lists its own later)."""
     close_open_group(w)
     start = seq = next_seq(w)
     t = now_ns()
-    for lo, hi in _spans(undo):
+    spans = _spans(undo)
+    for i, (lo, hi) in enumerate(spans):
         part = undo[lo:hi]
-        named = (paths, changes) if seq == start else ((), ())
-        rec = JournalRecord(seq, t, caller.pid, caller.comm, op, *named, tuple(part))
+        a, b = i * len(paths) // len(spans), (i + 1) * len(paths) // len(spans)
+        rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths[a:b], changes[a:b],
+                            tuple(part))
         w.put(JOURNAL, u64(seq), rec.pack(), append=True)
         history.record(w, start, seq, part, None if newest is None else newest[lo:hi])
         seq += 1

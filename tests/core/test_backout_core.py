@@ -369,3 +369,14 @@ async def test_a_symlink_changed_since_is_a_conflict(session: Session) -> None:
     cid = step(s, (remove, "link"), (symlink, "link", b"src/main.py"))
     step(s, (remove, "link"), (symlink, "link", b"run.sh"))
     assert "a symlink to 'run.sh' now" in await refused(s, cid)
+
+
+async def test_a_large_backout_lists_every_file_over_its_records(session: Session) -> None:
+    s = session
+    cid = step(s, *[(put, f"many/f{i:03}.txt", b"x\n") for i in range(300)])
+    result = await backout(s, cid)
+    assert len(result["files"]) == 300 and not exists(s.overlay, "many")
+    ck = s.store.read(lambda r: Timeline(s.ctx).get(r, result["id"]))
+    assert ck.seq - ck.start_seq > 1  # records of a few KB each (journal.RECORD_BYTES)
+    entry = (await s.command({"cmd": "log", "limit": 1}))["checkpoints"][0]
+    assert entry["files_total"] == 301  # (and fsck at teardown checks the group's rows)
