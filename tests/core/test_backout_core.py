@@ -380,3 +380,11 @@ async def test_a_large_backout_lists_every_file_over_its_records(session: Sessio
     assert ck.seq - ck.start_seq > 1  # records of a few KB each (journal.RECORD_BYTES)
     entry = (await s.command({"cmd": "log", "limit": 1}))["checkpoints"][0]
     assert entry["files_total"] == 301  # (and fsck at teardown checks the group's rows)
+
+
+async def test_git_internals_only_with_all_or_a_path(session: Session) -> None:
+    s = session
+    cid = step(s, (put, ".git/HEAD", b"ref: refs/heads/other\n"))
+    assert "changed only git's internals" in await refused(s, cid)
+    await s.command({"cmd": "backout", "id": cid, "all": True})
+    assert not exists(s.overlay, ".git")
