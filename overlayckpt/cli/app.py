@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(argv))
     paths: list[str] = []
-    if "--" in argv and any(c in argv[:argv.index("--")] for c in ("diff", "restore")):
+    if "--" in argv and any(c in argv[:argv.index("--")] for c in ("diff", "restore", "backout")):
         i = argv.index("--")
         argv, paths = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""CLI commands on the timeline: checkpoint, log, diff, show, restore, conversation."""
+"""CLI commands on the timeline: checkpoint, log, diff, show, restore, backout, conversation."""
 from __future__ import annotations
 
 import argparse
@@ -119,6 +119,22 @@ def cmd_restore(args: argparse.Namespace) -> int:
                                          f"as checkpoint {r['id']}")
 
 
+def cmd_backout(args: argparse.Namespace) -> int:
+    cmd: dict[str, Any] = {"cmd": "backout", "id": _ref(args.id), "all": args.all}
+    if args.paths:
+        cmd["paths"] = args.paths
+    result = _target(args).call(cmd)
+
+    def text(r: dict[str, Any]) -> str:
+        if r["id"] is None:
+            return f"nothing to back out: the changes of checkpoint {r['backed_out']} are undone already"
+        files = " ".join(f"{f['change']} {f['path']}" for f in r["files"][:6])
+        more = f" (+{len(r['files']) - 6} more)" if len(r["files"]) > 6 else ""
+        return (f"backed out checkpoint {r['backed_out']} as checkpoint {r['id']}: {files}{more}\n"
+                f"(undo: overlayckpt restore {r['id'] - 1})")
+    return _emit(args, result, text)
+
+
 def cmd_conversation(args: argparse.Namespace) -> int:
     cmd: dict[str, Any] = {"cmd": "conversation", "all": args.all}
     if args.at is not None:
@@ -181,7 +197,7 @@ def cmd_rewind(args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "checkpoint": cmd_checkpoint, "log": cmd_log, "diff": cmd_diff, "show": cmd_show,
-    "restore": cmd_restore, "conversation": cmd_conversation, "apply": cmd_apply,
+    "restore": cmd_restore, "backout": cmd_backout, "conversation": cmd_conversation, "apply": cmd_apply,
     "fsck": cmd_fsck, "gc": cmd_gc, "rewind": cmd_rewind,
 }
 
@@ -213,6 +229,11 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     g.add_argument("--code", dest="what", action="store_const", const="code")
     g.add_argument("--conversation", dest="what", action="store_const", const="conversation")
     g.add_argument("--both", dest="what", action="store_const", const="both")
+
+    bo = sub.add_parser("backout", help="undo one checkpoint's changes and keep later ones "
+                                        "(a three-way merge), as a new checkpoint")
+    bo.add_argument("id", help="then optionally: -- PATH ... (only these files)")
+    bo.add_argument("--all", action="store_true", help="also git's internals (.git/...)")
 
     ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
     ap.add_argument("--checkpoint")

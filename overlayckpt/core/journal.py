@@ -146,18 +146,25 @@ RECORD_BYTES = 6000
 
 def append_closed(w: WriteTxn, caller: Caller, op: str, undo: list[tuple[int, bytes, bytes | None]],
                   kind: str, restored_from: int | None = None,
-                  newest: list[bytes | None] | None = None) -> Checkpoint:
-    """Journal one operation as a checkpoint of its own (a restore), outside any group: as
-    many records as keep each under RECORD_BYTES, without paths (newest: history.record)."""
+                  newest: list[bytes | None] | None = None, paths: tuple[str, ...] = (),
+                  changes: tuple[str, ...] = ()) -> Checkpoint:
+    """Journal one operation as a checkpoint of its own (a restore, a backout), outside any
+    group: as many records as keep each under RECORD_BYTES (newest: history.record), with
+    the paths it changed shared out among them, if given (a restore lists its own later)."""
     close_open_group(w)
     start = seq = next_seq(w)
     t = now_ns()
-    for lo, hi in _spans(undo):
+    spans = _spans(undo)
+    for i, (lo, hi) in enumerate(spans):
         part = undo[lo:hi]
-        rec = JournalRecord(seq, t, caller.pid, caller.comm, op, (), (), tuple(part))
+        a, b = i * len(paths) // len(spans), (i + 1) * len(paths) // len(spans)
+        rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths[a:b], changes[a:b],
+                            tuple(part))
         w.put(JOURNAL, u64(seq), rec.pack(), append=True)
         history.record(w, start, seq, part, None if newest is None else newest[lo:hi])
         seq += 1
+    if seq > start:
+        groupfiles.record(w, start, paths, changes)
     w.set_meta_int(SEQ_KEY, seq)
     return new_checkpoint(w, seq, start, kind, None, None, caller.pid, caller.comm,
                           restored_from=restored_from)

@@ -453,3 +453,16 @@ async def make_durable(store: Store) -> None:
     if point is not None:
         await trio.to_thread.run_sync(store.sync_flush, point)
     store.sync_end()
+
+
+class Batch(Overlay):
+    """An overlay whose operations all run in one given Mutation: several operations that
+    commit together, journaled by the caller as one record (a backout). It shares the
+    overlay's caches, and never opens a transaction of its own."""
+
+    def __init__(self, ov: Overlay, m: Mutation) -> None:  # (not Overlay's: no set-up again)
+        self.__dict__.update(vars(ov))
+        self.m = m
+
+    def _mutate(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> T:
+        return fn(self.m)

@@ -49,9 +49,12 @@ def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) 
     files = groupfiles.files(r, ck)
     # a restore lists its files just after its answer (timeline.complete_restores)
     pending = ck.kind == "restore" and r.get(META, RESTORE_FILES_KEY + u64(ck.start_seq)) is not None
-    summary = summary_before(r, ck.start_seq, ck.seq, ck.conv_head) if ck.kind != "restore" else None
+    summary = (summary_before(r, ck.start_seq, ck.seq, ck.conv_head)
+               if ck.kind not in ("restore", "backout") else None)
     if ck.kind == "restore":
         summary = f"restored checkpoint {ck.restored_from}"
+    elif ck.kind == "backout":  # (restored_from: the checkpoint it backed out)
+        summary = f"backed out checkpoint {ck.restored_from}"
     empty = not files and not summary and not ck.message and ck.id != 0
     if not summary:
         summary = (ck.message or git_summary(ck, files, files_at) or describe(files)

@@ -193,12 +193,12 @@ class Timeline:
         return self.store.read(lambda r: next(self.newest_first(r), None))
 
     def get(self, r: ReadTxn, ref: Any) -> Checkpoint:
-        """A checkpoint by id, name, or @before-last (the state before the last restore)."""
+        """A checkpoint by id, name, or @before-last (the state before the last restore or backout)."""
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
             raise UserError(f"checkpoint must be an id or a name, not {ref!r}")
         if isinstance(ref, str) and ref == "@before-last":
             for ck in self.newest_first(r):
-                if ck.kind == "restore":
+                if ck.kind in ("restore", "backout"):
                     return self.get(r, ck.id - 1)  # see _mark_before_restore
             raise UserError("@before-last: there has been no restore yet")
         cid: int | None = None

@@ -148,6 +148,14 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@command("backout", durable=True)
+async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    from overlayckpt.core.backout import backout
+    if "id" not in cmd:
+        raise UserError('backout needs "id" (a checkpoint id or name)')
+    return await backout(s.ctx, cmd["id"], _caller(), _paths(cmd), bool(cmd.get("all")))
+
+
 def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
