@@ -182,14 +182,21 @@ def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
         yield k[8], k[9:-1]
 
 
+def newest_since(r: ReadTxn, seq: int) -> list[tuple[int, bytes, bytes]]:
+    """(code, key, seq of its newest version) of every key changed at or after seq."""
+    return [(k[8], k[9:-1], k[:8]) for k, _ in r.range_from(CHANGED, u64(seq))]
+
+
+def value_then(r: ReadTxn, code: int, key: bytes, seq: int) -> bytes | None:
+    """The value at seq of a key that changed at or after seq (one of newest_since's)."""
+    return _untag(r.seek(VERSIONS, vkey(code, key) + u64(seq))[1])  # type: ignore[index]
+
+
 def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None, bytes]]:
     """(code, key, value at seq, seq of its newest version) of every key changed at or
     after seq."""
-    at = u64(seq)
-    seek = r.seek
-    for k, _ in r.range_from(CHANGED, at):
-        raw = seek(VERSIONS, k[8:] + at)[1]  # type: ignore[index]  # (it changed since seq)
-        yield k[8], k[9:-1], None if raw[:1] == _ABSENT else raw[1:], k[:8]
+    for code, key, last in newest_since(r, seq):
+        yield code, key, value_then(r, code, key, seq), last
 
 
 def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[tuple[bytes, bytes | None]]:

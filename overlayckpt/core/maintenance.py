@@ -19,6 +19,7 @@ import trio
 
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import records
+from overlayckpt.core.sweep import sweep
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
@@ -274,6 +275,7 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
         await trio.sleep(0)
     result: dict[str, Any] = {"thinned": thinned}
     if thinned or then_gc:
+        result.update(await sweep(store))  # (what it deletes stays referenced by its record)
         plan = await read_off_loop(store, gc_plan)
         result.update(store.write(lambda w: gc_apply(w, plan)))
     return result

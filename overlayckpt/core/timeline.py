@@ -7,7 +7,9 @@ nothing to open, and a restore or diff costs the keys that changed, never the
 journal in between nor the size of the repo. Restore writes the values then
 into the live tables, journaled (itself undoable) as records of a few KB that
 make a group of their own, and a `restore` checkpoint, then drops the kernel's
-caches of the inodes and names it changed. The files it adds, modifies and
+caches of the inodes and names it changed. The inodes made since the target it
+leaves as they are, unnamed (_unborn_left): a subtree goes and comes back with
+its one entry, whatever it holds; gc sweeps what stays unnamed (sweep.py). The files it adds, modifies and
 deletes are written into those records after its answer (complete_restores).
 """
 from __future__ import annotations
@@ -117,6 +119,58 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
                                            paths, changes)
             w.put(JOURNAL, u64(rec.seq), raw)
             groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
+
+
+def _unborn_left(rows: Rows) -> Rows:
+    """rows without those of the overlay inodes that did not exist at the target, which
+    the restore leaves as they are: no name of the tree it puts back leads to them (each
+    of its directories gets its entries then), so writing the entries of the names that
+    led there is enough. A subtree created since the target goes with its one name, and
+    comes back with it (restore @before-last) the same way. Kept: the entries in such a
+    directory that name an inode of the tree then (moved in since): that inode gets its
+    record then, which may be none (a repo file), and no entry names a missing record."""
+    upper = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
+    unborn = {key for (table, key), (value, _, _) in rows.items()
+              if table == NODES and value is None and key >= upper}
+    if not unborn:
+        return rows
+    return {(table, key): row for (table, key), row in rows.items()
+            if key[:8] not in unborn
+            or table == DIRENTS and row[1] not in (None, WHITEOUT) and row[1] not in unborn}
+
+
+def _rows_since(r: ReadTxn, seq: int) -> Rows:
+    """The rows of a restore of the whole tree to seq: the keys whose value then differs
+    from now, less those _unborn_left leaves out, found without reading their versions
+    (the records first: a directory unborn then had no entries)."""
+    found = history.newest_since(r, seq)
+    node_code, upper, get = TABLE_CODES[NODES], u64(FIRST_UPPER_INO), r.get
+    unborn: set[bytes] = set()
+    rows: Rows = {}
+    for code, key, last in found:
+        if code == node_code:
+            value = history.value_then(r, code, key, seq)
+            if value is None and key >= upper:
+                unborn.add(key)
+                continue
+            current = get(NODES, key)
+            if current != value:
+                rows[(NODES, key)] = (value, current, last)
+    for code, key, last in found:
+        if code == node_code:
+            continue
+        table = TABLE_NAMES[code]
+        if key[:8] in unborn:
+            if table == DIRENTS:
+                current = get(DIRENTS, key)
+                if current not in (None, WHITEOUT) and current not in unborn:
+                    rows[(DIRENTS, key)] = (None, current, last)
+            continue
+        value = history.value_then(r, code, key, seq)
+        current = get(table, key)
+        if current != value:
+            rows[(table, key)] = (value, current, last)
+    return rows
 
 
 class _Replaced:
@@ -290,7 +344,7 @@ class Timeline:
                     table = TABLE_NAMES[tcode]
                     rows[(table, key)] = (then.get(table, key), w.get(table, key),
                                           history.newest(w, tcode, key))
-            rows = dict(sorted(rows.items(), key=_index_order))
+            rows = _unborn_left(dict(sorted(rows.items(), key=_index_order)))
         if w.count(JOURNAL) != prep.records + len(late):
             # (rare) thinning merged records since the snapshot: newest versions moved
             rows = {(t, k): (value, current, history.newest(w, TABLE_CODES[t], k))
@@ -322,19 +376,19 @@ class Timeline:
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
                  code: bool) -> "Prepared":
         """What a restore to target writes: the keys whose value then differs from now."""
-        since = history.values_since(r, target.seq) if code else iter(())
         warnings: list[str] = []
-        if paths is not None:
-            delta = {(TABLE_NAMES[c], key): (value, last) for c, key, value, last in since}
-            delta, warnings = self._select(r, target, delta, paths)
-            since = ((TABLE_CODES[t], k, value, last) for (t, k), (value, last) in delta.items())
         rows: Rows = {}
-        get, names = r.get, TABLE_NAMES
-        for c, key, value, last in since:
-            table = names[c]
-            current = get(table, key)
-            if current != value:
-                rows[(table, key)] = (value, current, last)
+        if code and paths is None:
+            rows = _rows_since(r, target.seq)
+        elif code:
+            delta = {(TABLE_NAMES[c], key): (value, last)
+                     for c, key, value, last in history.values_since(r, target.seq)}
+            delta, warnings = self._select(r, target, delta, paths)  # type: ignore[arg-type]
+            for (table, key), (value, last) in delta.items():
+                current = r.get(table, key)
+                if current != value:
+                    rows[(table, key)] = (value, current, last)
+            rows = _unborn_left(rows)
         rows = dict(sorted(rows.items(), key=_index_order))  # (the order the write wants)
         return Prepared(target, next_seq(r), r.count(JOURNAL), rows, warnings)
 

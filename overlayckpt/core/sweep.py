@@ -1,0 +1,98 @@
+"""Overlay inodes no name leads to any more: gc deletes them.
+
+A restore leaves the inodes that did not exist at its target as they are
+(timeline.py's _unborn_left): no directory of the tree it puts back names them,
+and the restore back names them again with one entry. gc sweeps those left
+unnamed for good, journaled like any deletion (so every checkpoint that shows
+them still does, and a restore can still bring them back, at the cost of their
+keys), in slices of a few hundred inodes a transaction, each directory before
+what it holds, so that no entry ever names a missing record. A slice goes only
+if nothing else was journaled since the sweep looked: whatever changed meanwhile
+(a restore back, a rename out of such a directory) waits for the next gc.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
+from overlayckpt.core.workers import read_off_loop
+from overlayckpt.records import FIRST_UPPER_INO, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node, u64
+from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
+
+SLICE_INODES = 500
+SWEEP_WINDOW = 3600.0  # seconds: the slices' records stay one group
+GC_CALLER = Caller(0, "gc")
+_BELOW = ((T_BMAP, BMAP), (T_XATTRS, XATTRS), (T_DIRENTS, DIRENTS))  # keys that begin with the inode
+
+
+def unnamed(r: ReadTxn) -> list[bytes]:
+    """The overlay inodes (keys of NODES) that no directory of the tree can name, each
+    after the directory that names it. The repo's directories and the root count as in
+    the tree (they may be): only what hangs from them through entries is named."""
+    upper = u64(FIRST_UPPER_INO)
+    children: dict[bytes, list[bytes]] = {}
+    for key, child in r.range_from(DIRENTS):
+        if child != WHITEOUT:
+            children.setdefault(key[:8], []).append(child)
+    named: set[bytes] = set()
+    stack = [child for parent, kids in children.items() if parent < upper for child in kids]
+    while stack:
+        ino = stack.pop()
+        if ino >= upper and ino not in named:
+            named.add(ino)
+            stack += children.get(ino, ())
+    # nlink 0: unlinked while open; its handle's release deletes it, not a sweep
+    left = {key for key, raw in r.range_from(NODES, upper)
+            if key not in named and Node.unpack(raw).nlink > 0}
+    inner = {child for parent in left for child in children.get(parent, ())}
+    order = [ino for ino in left if ino not in inner]  # then down from these
+    seen = set(order)
+    i = 0
+    while i < len(order):
+        for child in children.get(order[i], ()):
+            if child in left and child not in seen:
+                seen.add(child)
+                order.append(child)
+        i += 1
+    return order + sorted(left - seen)  # (none: entries form no loops)
+
+
+def _delete(w: WriteTxn, inodes: list[bytes]) -> int:
+    """Delete every key of these inodes, journaled as one record. Returns the keys."""
+    undo: list[tuple[int, bytes, bytes | None]] = []
+    for ino in inodes:
+        raw = w.get(NODES, ino)
+        if raw is None:
+            continue
+        undo.append((T_NODES, ino, raw))
+        for code, table in _BELOW:
+            undo += [(code, key, value) for key, value in w.prefix(table, ino)]
+    for code, key, _ in undo:
+        w.delete({T_NODES: NODES, T_BMAP: BMAP, T_XATTRS: XATTRS, T_DIRENTS: DIRENTS}[code], key)
+    if undo:  # (one group for the whole sweep: sweep() closes it)
+        append(w, GC_CALLER, "sweep", (), (), undo, window=SWEEP_WINDOW)
+    return len(undo)
+
+
+async def sweep(store: Store) -> dict[str, Any]:
+    """Delete the unnamed overlay inodes, slice by slice (the scan off the loop)."""
+    seq, order = await read_off_loop(store, lambda r: (next_seq(r), unnamed(r)))
+    swept = keys = 0
+    for lo in range(0, len(order), SLICE_INODES):
+        part = order[lo:lo + SLICE_INODES]
+
+        def fn(w: WriteTxn, part: list[bytes] = part) -> tuple[int, int] | None:
+            if next_seq(w) != seq:
+                return None  # something changed since the scan: the next gc looks again
+            return _delete(w, part), next_seq(w)
+        done = store.write(fn)
+        if done is None:
+            break
+        swept, keys, seq = swept + len(part), keys + done[0], done[1]
+        await trio.sleep(0)
+    if keys:
+        store.write(close_open_group)
+    return {"swept_inodes": swept, "swept_keys": keys}
