@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shutil
@@ -355,3 +356,10 @@ def test_a_restore_across_a_new_directory_takes_its_one_name(repo: Path, mount_f
     m.cli("restore", "@before-last")
     assert tree_digest(str(m.mnt)) == after
     assert (d / "f7").read_text() == "file 7\n"
+    # once swept by gc, what a restore unnamed comes back all the same (key by key)
+    m.cli("restore", base)
+    assert json.loads(m.cli("--json", "gc").stdout)["swept_inodes"] == 203
+    assert not d.exists()
+    m.cli("restore", "@before-last")
+    assert tree_digest(str(m.mnt)) == after
+    assert (d / "f7").read_text() == "file 7\n" and (d / "sub" / "deep").read_text() == "deep\n"

@@ -175,9 +175,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.budget is not None:
         cmd["budget"] = args.budget
     result = _target(args).call(cmd)
-    return _emit(args, result, lambda r: f"thinned {r['thinned']} automatic checkpoints; removed "
-                                         f"{r['removed_blocks']} blocks ({r['freed_bytes']} bytes), "
-                                         f"kept {r['kept_blocks']}")
+    return _emit(args, result, lambda r: f"thinned {r['thinned']} automatic checkpoints; swept "
+                                         f"{r['swept_inodes']} files and directories restores left "
+                                         f"unnamed; removed {r['removed_blocks']} blocks "
+                                         f"({r['freed_bytes']} bytes), kept {r['kept_blocks']}")
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
