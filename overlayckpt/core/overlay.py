@@ -453,3 +453,16 @@ async def make_durable(store: Store) -> None:
     if point is not None:
         await trio.to_thread.run_sync(store.sync_flush, point)
     store.sync_end()
+
+
+async def keep_up(store: Store, gate: trio.Lock) -> None:
+    """Before a request writes: if writers have got too far ahead of the sync point under
+    way (Store.too_far_ahead), wait for it off the request loop. Only the requests that
+    write wait, each behind those that came before it (gate: the server's one lock).
+    The server sets store.writes_wait off, so the store itself never waits on the loop."""
+    if not (gate.locked() or store.too_far_ahead()):
+        return
+    async with gate:
+        while store.too_far_ahead():
+            await trio.to_thread.run_sync(store.wait_flush)
+            store.finish_flush()
