@@ -23,6 +23,7 @@ import pytest
 
 from conftest import daemon_log_problems, force_unmount, make_repo, run_cli, stop_daemon, wait_for
 from helpers_faultfs import faultfs
+from test_promptness import _wchan
 from overlayckpt.store import synced
 from overlayckpt.store.lmdbstore import AHEAD_PAGES
 
@@ -45,14 +46,6 @@ for _ in range(total >> 20):
 os.close(fd)
 print(digest.hexdigest(), flush=True)
 '''
-
-
-def _wchan(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/wchan") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _answered_in_time(fn, what: str) -> object:
