@@ -138,7 +138,7 @@ class Lower:
         self._listed = 0  # entries in _listings
         self._huge: set[bytes] = set()  # directories too big to keep listed
         self._once: set[bytes] = set()  # directories one name was looked up in, not listed
-        # called with the repo's fd before each listing until it answers True, once it
+        # called with the repo's fd before each read of it until it answers True, once it
         # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
         # which runs only once the mount is served by the C library)
         self.warm = warm
@@ -204,12 +204,18 @@ class Lower:
             cached = self._stats.get(path)
             if cached is not None:
                 return cached
+        self._start_warm()
         try:
             st = slim(os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False))
         except OSError as e:
             raise FsError(e.errno or errno.EIO) from None
         self._remember_stat(path, st)
         return st
+
+    def _start_warm(self) -> None:
+        """Before the repo's metadata is first read: have it read ahead (warm)."""
+        if self.warm is not None and self.warm(self.fd):
+            self.warm = None
 
     def _first_in(self, parent: bytes) -> bool:
         """Whether this is the first name looked up in parent (then noted)."""
@@ -264,8 +270,7 @@ class Lower:
                 except FsError:
                     pass
             return out
-        if self.warm is not None and self.warm(self.fd):
-            self.warm = None
+        self._start_warm()
         fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
         pins, prefix, fsencode = self.pins, path + b"/" if path else b"", os.fsencode
         try:
