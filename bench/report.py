@@ -18,6 +18,7 @@ CONTENDER_ORDER = ["native", "overlayfs", "fuse-overlayfs", "passthrough", "shad
 METRIC_ORDER = [
     "edit_first", "edit_repeat", "atomic_save", "atomic_save_fsync", "append_log", "create_delete",
     "bigfile_first", "bigfile_edit", "seq_write_64m", "seq_read_64m",
+    "small_edits_first", "small_edits_again", "sed_i",
     "many_small_create", "many_small_rm", "git_status_warm", "git_status_cold", "tar_warm", "tar_cold",
     "checkpoint", "checkpoint_cli", "restore_1", "restore_10", "restore_100", "restore_100_cli",
 ]
@@ -147,7 +148,8 @@ def spec_checks(results: dict) -> list[tuple[str, str, str]]:
         out.append((f"restore independent of history ({hist[1]} / {hist[0]} ≤ 1.2)",
                     fmt_ratio(r) or "–", verdict(None if r is None else r <= 1.2)))
     for m, base, lim in (("git_status_warm", nat, 1.5), ("git_status_cold", fo, 1.5), ("tar_warm", nat, 1.5),
-                         ("many_small_create", fo, 2.0), ("many_small_rm", fo, 2.0)):
+                         ("many_small_create", fo, 2.0), ("many_small_rm", fo, 2.0),
+                         ("small_edits_first", fo, 2.0), ("small_edits_again", fo, 2.0)):
         r = ratio(_p(big, m, oc), _p(big, m, base))
         out.append((f"{m} ≤ {lim}× {base} ({at})", fmt_ratio(r) or "–", verdict(None if r is None else r <= lim)))
     inc = sorted(big.get("store_incompressible", {}).get(oc, []))

@@ -1,7 +1,7 @@
 """faultfs: an in-memory FUSE file system that simulates a power cut.
 
     python tests/faultfs.py IMAGE_DIR MOUNTPOINT [--seed N] [--mode reorder|drop]
-                            [--fsync-commits-namespace]
+                            [--fsync-commits-namespace] [--hold-fsync NAME]
 
 At start the directory tree IMAGE_DIR (directories and regular files: modes,
 sizes, contents, mtimes) is loaded into memory: it is "the disk". Everything is
@@ -44,6 +44,10 @@ Report: after writing an image, faultfs writes IMAGE_DIR + ".faultfs.json"
 "pages_pending", "pages_persisted", "ns_pending", "ns_persisted", ...}) and
 prints the same JSON on stderr. Once mounted it prints "READY <mountpoint>" on
 stdout.
+
+A slow disk (--hold-fsync NAME): while the file IMAGE_DIR + ".hold" exists, an
+fsync of any file named NAME waits (other requests go on), and IMAGE_DIR + ".held"
+exists while one waits.
 
 Locks (fcntl/flock) are left to the kernel (no lock handlers). Inode numbers
 start at a random base on every mount. Entry and attribute timeouts are 0.
@@ -115,9 +119,11 @@ def guarded(fn):
 class FaultFs(pyfuse3.Operations):
     enable_writeback_cache = False
 
-    def __init__(self, image: str, seed: int, mode: str, ns_on_fsync: bool) -> None:
+    def __init__(self, image: str, seed: int, mode: str, ns_on_fsync: bool,
+                 hold_name: bytes | None = None) -> None:
         super().__init__()
         self.image = os.path.abspath(image)
+        self.hold_name = hold_name
         self.seed = seed
         self.mode = mode
         self.ns_on_fsync = ns_on_fsync
@@ -388,8 +394,25 @@ class FaultFs(pyfuse3.Operations):
     async def release(self, fh):
         self.handles.pop(fh, None)  # also after the cut: the kernel expects no answer
 
+    async def _hold(self, ino: int) -> None:
+        """The slow disk of --hold-fsync: wait while IMAGE_DIR.hold exists."""
+        if self.hold_name is None or not any(
+                n.children.get(self.hold_name) == ino for n in self.nodes.values() if n.is_dir):
+            return
+        hold, held = self.image + ".hold", self.image + ".held"
+        if not os.path.exists(hold):
+            return
+        with open(held, "w"):
+            pass
+        try:
+            while os.path.exists(hold) and not self.frozen:
+                await trio.sleep(0.01)
+        finally:
+            os.unlink(held)
+
     @guarded
     async def fsync(self, fh, datasync):
+        await self._hold(self.handles[fh])
         node = self._node(self.handles[fh])
         self._make_durable(node)
         if self.ns_on_fsync:
@@ -692,8 +715,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("reorder", "drop"), default="reorder")
     p.add_argument("--fsync-commits-namespace", action="store_true",
                    help="a file's fsync also makes the namespace log durable (ext4-like)")
+    p.add_argument("--hold-fsync", metavar="NAME",
+                   help="an fsync of a file named NAME waits while IMAGE_DIR.hold exists")
     args = p.parse_args(argv)
-    fs = FaultFs(args.image, args.seed, args.mode, args.fsync_commits_namespace)
+    fs = FaultFs(args.image, args.seed, args.mode, args.fsync_commits_namespace,
+                 os.fsencode(args.hold_fsync) if args.hold_fsync else None)
     opts = set(pyfuse3.default_options) | {"fsname=faultfs", "subtype=faultfs"}
     pyfuse3.init(fs, args.mountpoint, opts)
     print(f"READY {os.path.abspath(args.mountpoint)}", flush=True)

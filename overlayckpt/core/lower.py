@@ -80,9 +80,20 @@ class PinStat:
     __slots__ = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
                  "st_mtime_ns", "st_ctime_ns", "st_rdev")
 
-    def __init__(self, *values: int) -> None:
-        for name, value in zip(self.__slots__, values):
-            setattr(self, name, value)
+    def __init__(self, st_mode: int, st_ino: int, st_nlink: int, st_uid: int, st_gid: int,
+                 st_size: int, st_atime_ns: int, st_mtime_ns: int, st_ctime_ns: int,
+                 st_rdev: int) -> None:
+        # (one by one: a listing makes one per entry, and a loop of setattr costs 3x)
+        self.st_mode = st_mode
+        self.st_ino = st_ino
+        self.st_nlink = st_nlink
+        self.st_uid = st_uid
+        self.st_gid = st_gid
+        self.st_size = st_size
+        self.st_atime_ns = st_atime_ns
+        self.st_mtime_ns = st_mtime_ns
+        self.st_ctime_ns = st_ctime_ns
+        self.st_rdev = st_rdev
 
     @classmethod
     def fields(cls, st: "os.stat_result | PinStat") -> list[int]:
@@ -123,10 +134,11 @@ class Lower:
         # forget_cached), so what it answered once stays true.
         self._xattrs: dict[bytes, dict[bytes, bytes]] = {}
         self._stats: dict[bytes, Any] = {}
-        self._listings: dict[bytes, list[tuple[bytes, Any]]] = {}
+        self._listings: OrderedDict[bytes, list[tuple[bytes, Any]]] = OrderedDict()
         self._listed = 0  # entries in _listings
         self._huge: set[bytes] = set()  # directories too big to keep listed
-        # called with the repo's fd before each listing until it answers True, once it
+        self._once: set[bytes] = set()  # directories one name was looked up in, not listed
+        # called with the repo's fd before each read of it until it answers True, once it
         # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
         # which runs only once the mount is served by the C library)
         self.warm = warm
@@ -145,6 +157,7 @@ class Lower:
         self._listings.clear()
         self._listed = 0
         self._huge.clear()
+        self._once.clear()
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -164,8 +177,8 @@ class Lower:
         return self.pins(path) if self.pins is not None else None
 
     def stat(self, path: bytes, siblings: bool = True) -> "os.stat_result | PinStat":
-        """lstat of a repo path; the first one in a directory lists (and stats) all of it,
-        unless siblings is False (a lookup that will not be followed by its neighbours)."""
+        """lstat of a repo path; the second name in a directory lists (and stats) all of
+        it, unless siblings is False (a lookup that will not be followed by its neighbours)."""
         pin = self._pin(path)
         if pin is not None:
             return pin.st
@@ -178,10 +191,12 @@ class Lower:
         ppin = self._pin(parent)
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
-        if siblings and ppin is None and parent not in self._listings and parent not in self._huge:
-            # the first name looked up in a directory: list it, which stats all its
+        if siblings and ppin is None and parent not in self._listings and parent not in self._huge \
+                and not self._first_in(parent):
+            # the second name looked up in a directory: list it, which stats all its
             # entries in one pass. A tree walk (git status) looks up the siblings next,
-            # and on a cold cache one pass reads the inodes in order, not one by one.
+            # and on a cold cache one pass reads the inodes in order, not one by one;
+            # a lone name (an edit here and there) costs one stat, not the directory's.
             try:
                 self.listdir(parent)
             except (FsError, OSError):
@@ -189,6 +204,7 @@ class Lower:
             cached = self._stats.get(path)
             if cached is not None:
                 return cached
+        self._start_warm()
         try:
             st = slim(os.stat(name, dir_fd=self._dirfd(parent), follow_symlinks=False))
         except OSError as e:
@@ -196,11 +212,31 @@ class Lower:
         self._remember_stat(path, st)
         return st
 
+    def _start_warm(self) -> None:
+        """Before the repo's metadata is first read: have it read ahead (warm)."""
+        if self.warm is not None and self.warm(self.fd):
+            self.warm = None
+
+    def _first_in(self, parent: bytes) -> bool:
+        """Whether this is the first name looked up in parent (then noted)."""
+        if parent in self._once:
+            return False
+        if len(self._once) >= CACHE_ENTRIES:
+            self._once.clear()
+        self._once.add(parent)
+        return True
+
     def _make_room(self, entries: int) -> None:
+        # the oldest listings go first, with the stats of their entries: all at once
+        # would make the directories in use listed again, name after name
+        while self._listings and len(self._stats) + self._listed + entries > CACHE_ENTRIES:
+            path, listing = self._listings.popitem(last=False)
+            self._listed -= len(listing)
+            prefix = path + b"/" if path else b""
+            for name, _ in listing:
+                self._stats.pop(prefix + name, None)
         if len(self._stats) + self._listed + entries > CACHE_ENTRIES:
             self._stats.clear()
-            self._listings.clear()
-            self._listed = 0
 
     def _remember_stat(self, path: bytes, st: Any) -> None:
         self._make_room(1)
@@ -208,7 +244,9 @@ class Lower:
 
     def listdir(self, path: bytes) -> list[tuple[bytes, Any]]:
         cached = self._listings.get(path)
-        if cached is None:
+        if cached is not None:
+            self._listings.move_to_end(path)
+        else:
             cached = self._listdir(path)
             if len(cached) > CACHE_ENTRIES // 4:
                 # not kept: a lookup in it stats its one name, never lists it all again
@@ -217,8 +255,9 @@ class Lower:
             self._make_room(2 * len(cached))
             self._listings[path] = cached
             self._listed += len(cached)
+            stats, prefix = self._stats, path + b"/" if path else b""
             for name, st in cached:  # what stat(child) would answer (counted in _listed)
-                self._stats[join(path, name)] = st
+                stats[prefix + name] = st
         return cached
 
     def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
@@ -231,16 +270,15 @@ class Lower:
                 except FsError:
                     pass
             return out
-        if self.warm is not None and self.warm(self.fd):
-            self.warm = None
+        self._start_warm()
         fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        pins, prefix, fsencode = self.pins, path + b"/" if path else b"", os.fsencode
         try:
             out = []
             with os.scandir(fd) as it:
                 for entry in it:
-                    name = os.fsencode(entry.name)
-                    child = join(path, name)
-                    pin = self._pin(child)
+                    name = fsencode(entry.name)
+                    pin = pins(prefix + name) if pins is not None else None
                     if pin is not None:
                         out.append((name, pin.st))
                         continue

@@ -370,16 +370,22 @@ class Overlay(Tree):
 
     def _current_block(self, m: Mutation, ino: int, node: Node, blockno: int) -> tuple[bytes | None, bytes]:
         """(bmap value now, digest of the block's current content, captured into the store)."""
+        return self._current(m, ino, node, blockno)[0]
+
+    def _current(self, m: Mutation, ino: int, node: Node, blockno: int
+                 ) -> tuple[tuple[bytes | None, bytes], bytes | None]:
+        """_current_block, and the block's content if it was read from the repo to capture
+        it (a first write patches it without reading it back from the store)."""
         key = bmap_key(ino, blockno)
         raw = m.get(BMAP, key)
         if raw is not None:
-            return raw, raw
+            return (raw, raw), None
         off = blockno * self.bs
         if node.origin is not None and off < node.lower_valid:
             n = min(self.bs, node.lower_valid - off)
-            data = self._lower_bytes(node.origin, off, n)
-            return None, m.w.put_block(data + bytes(self.bs - n))
-        return None, ZERO_BLOCK
+            data = self._lower_bytes(node.origin, off, n) + bytes(self.bs - n)
+            return (None, m.w.put_block(data)), data
+        return (None, ZERO_BLOCK), None
 
     def _set_block(self, m: Mutation, ino: int, node: Node, blockno: int, data: bytes | None,
                    current: tuple[bytes | None, bytes] | None = None) -> None:
@@ -398,8 +404,8 @@ class Overlay(Tree):
         if lo == 0 and len(piece) == bs:
             self._set_block(m, ino, node, blockno, piece)
             return
-        current = self._current_block(m, ino, node, blockno)
-        base = bytearray(m.w.block(current[1]))
+        current, data = self._current(m, ino, node, blockno)
+        base = bytearray(m.w.block(current[1]) if data is None else data)
         base[lo:lo + len(piece)] = piece
         self._set_block(m, ino, node, blockno, bytes(base), current)
 
@@ -466,3 +472,16 @@ class Batch(Overlay):
 
     def _mutate(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> T:
         return fn(self.m)
+
+
+async def keep_up(store: Store, gate: trio.Lock) -> None:
+    """Before a request writes: if writers have got too far ahead of the sync point under
+    way (Store.too_far_ahead), wait for it off the request loop. Only the requests that
+    write wait, each behind those that came before it (gate: the server's one lock).
+    The server sets store.writes_wait off, so the store itself never waits on the loop."""
+    if not (gate.locked() or store.too_far_ahead()):
+        return
+    async with gate:
+        while store.too_far_ahead():
+            await trio.to_thread.run_sync(store.wait_flush)
+            store.finish_flush()

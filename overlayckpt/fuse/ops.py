@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from overlayckpt.core import behind
 from overlayckpt.fuse import kcache
@@ -26,7 +27,7 @@ from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.context import Invalidate, no_invalidate
-from overlayckpt.core.overlay import Overlay, make_durable
+from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,12 @@ class Operations(pyfuse3.Operations):
         self.failed_writes: dict[int, int] = {}
         self.invalidate = invalidate
         self._next_fh = 1
+        # a write that finds the store too far ahead of the disk waits off the loop (keep_up)
+        overlay.store.writes_wait = False
+        self._disk_gate = trio.Lock()
+        self._behind_held = False  # write-behind paused until the disk has caught up
+        self._behind_failed = False  # stopped for good: the store failed a write
+        self._behind_fd: int | None = None  # the log, to turn write-behind on again
 
     # -- helpers --------------------------------------------------------------
 
@@ -325,6 +332,7 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        await self._keep_up()
         ino, node = self._create(parent_inode, name, stat.S_IFREG | (mode & 0o7777), ctx)
         return pyfuse3.FileInfo(fh=self._file_handle(ino, ctx), keep_cache=True), self._attrs(ino, node)
 
@@ -386,17 +394,38 @@ class Operations(pyfuse3.Operations):
             caller = self.comms.caller(pid) if pid else WRITEBACK
             if logged is not None:
                 return await self._write_behind(caller, fh ^ KERNEL_HANDLE, off, buf, logged)
+            await self._keep_up()
             return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)
+        await self._keep_up()
         return self.ov.write(h.caller, h.ino, off, buf)
+
+    async def _keep_up(self) -> None:
+        """Wait (off the loop) if the store is too far ahead of the disk; once it has
+        caught up, acknowledge writes early again."""
+        await keep_up(self.ov.store, self._disk_gate)
+        if self._behind_held and not self._behind_failed:
+            if self._behind_fd is None:
+                self._behind_fd = behind.open_log(self.ov.store.path)
+            kcache.write_behind(self._behind_fd, behind.LOG_SIZE, *behind.position(self.ov.store))
+        self._behind_held = False
+
+    def _hold_write_behind(self) -> None:
+        """An acknowledged write must be stored now, in order, so it cannot wait: when the
+        store is too far ahead of the disk, acknowledge no more, and the writes that come
+        instead wait in _keep_up."""
+        if not self._behind_held and self.ov.store.too_far_ahead():
+            kcache.stop_write_behind()
+            self._behind_held = True
 
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
                             logged: tuple[int, int]) -> int:
         """Store a write whose writer was told it is done (see _kcache.c): a failure
         can only be kept for the file's next fsync, as a native file system does."""
         done = behind.pack_position(*logged)
+        self._hold_write_behind()
         try:
             return self.ov.write(caller, ino, off, buf, logged=done)
         except Exception as e:
@@ -413,6 +442,7 @@ class Operations(pyfuse3.Operations):
                 # the store itself failed (full, broken): from now on each write waits
                 # for its own answer; a file a restore removed concerns that file only
                 kcache.stop_write_behind()
+                self._behind_failed = True
             await self.invalidate([ino], [])  # the kernel's pages hold what was not stored
             return len(buf)
 

@@ -4,10 +4,13 @@ Concurrency rules: one writer. A write transaction belongs to the thread that
 opened it and is opened and committed inside one synchronous call
 (`Store.write`), so it can never span an `await`. Commits do not fsync (the
 OS page cache keeps them across a daemon crash). A sync point makes them
-durable against a power cut and is what the filesystem's fsync, a checkpoint
-and a restore wait for: `sync_begin` on the writer's thread pins the newest
+durable against a power cut and is what the filesystem's fsync and a checkpoint
+wait for (a restore starts one without waiting): `sync_begin` on the writer's thread pins the newest
 snapshot, `sync_flush` (any thread, serialized) fdatasyncs and records it
 (synced.py), `sync_end` on the writer's thread drops the older pins.
+A writer that gets AHEAD_PAGES ahead of the sync point under way waits for it:
+in write itself, or, in the daemon (writes_wait off), in the request that writes,
+off the request loop (overlay.keep_up).
 
 Opening a store that was not closed cleanly first decides which snapshot to
 trust (synced.py), then verifies it with lmdb's offline verifier; a damaged
@@ -21,6 +24,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -61,6 +65,9 @@ AUTO_POINT_COMMITS = 100
 # reused while the pin holds, so without this a big file or a long burst left as much
 # garbage as it had data (a git gc: 2.4x the pack's size)
 AUTO_POINT_PAGES = 512
+# A writer that has grown the file by this many pages while a sync point is under way
+# waits for it (rather than growing the store with pages it cannot reuse yet)
+AHEAD_PAGES = 4 * AUTO_POINT_PAGES
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +249,11 @@ class WriteTxn(ReadTxn):
 class Store:
     """One session's LMDB environment plus the lock that makes its daemon unique."""
 
+    # whether write itself waits for a sync point it has got too far ahead of (AHEAD_PAGES);
+    # a server that answers many requests on one thread turns this off and waits, off that
+    # thread, in the request that writes (overlay.keep_up)
+    writes_wait = True
+
     def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
                  new: bool, cache_lost: bool, last: synced.Record | None) -> None:
         self.path = path
@@ -387,15 +399,33 @@ class Store:
         """
         result = self._commit(fn)
         self._since_point += 1
-        grown = self.env.info()["last_pgno"] - self._point_pages
+        grown = self._grown()
         # a writer faster than the disk waits for it, rather than growing the store
-        self._finish_auto(wait=grown >= 4 * AUTO_POINT_PAGES)
+        self._finish_auto(wait=self.writes_wait and grown >= AHEAD_PAGES)
         if self._auto is None and (self._since_point >= AUTO_POINT_COMMITS
                                    or grown >= AUTO_POINT_PAGES):
             point = self.sync_begin()
             if point is not None:
                 self._auto = self._flusher.submit(self.sync_flush, point)
         return result
+
+    def _grown(self) -> int:
+        return self.env.info()["last_pgno"] - self._point_pages
+
+    def too_far_ahead(self) -> bool:
+        """Whether the next write should first wait for the sync point under way."""
+        return self._auto is not None and self._grown() >= AHEAD_PAGES
+
+    def wait_flush(self) -> None:
+        """Block until the sync point under way is durable (any thread); then
+        finish_flush, on the writer's thread, drops what it held."""
+        auto = self._auto
+        if auto is not None:
+            futures.wait([auto])
+
+    def finish_flush(self) -> None:
+        """Drop the pins of a sync point that has become durable (writer's thread)."""
+        self._finish_auto(wait=False)
 
     def _finish_auto(self, wait: bool) -> None:
         if self._auto is None or not (wait or self._auto.done()):

@@ -30,6 +30,8 @@ class FakeCore:
     def __init__(self, exc: BaseException | None = None, value: Any = None) -> None:
         self.exc, self.value = exc, value
         self.parents: dict[int, tuple[int, bytes]] = {}
+        # a store never ahead of its disk: no write waits (keep_up)
+        self.store = SimpleNamespace(writes_wait=True, too_far_ahead=lambda: False)
         self.calls: list[tuple[str, tuple]] = []
 
     def live(self, fn: Any) -> Any:
