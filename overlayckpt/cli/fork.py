@@ -91,16 +91,23 @@ def _ref(value: str) -> Any:
 
 # -- across sessions --------------------------------------------------------------
 
-def _repo_of(args: argparse.Namespace) -> str:
+def split_refs(args: argparse.Namespace, words: list[str]) -> tuple[str, list[tuple[str, Any]]]:
+    """Each SESSION[:ID] -> (its store, the checkpoint; None: live), and their one repo
+    (a session id is one of --repo's, or of the repo we are in)."""
     from overlayckpt.cli.sessions import repo_here
-    return repo_here(getattr(args, "repo", None))
-
-
-def split_ref(word: str, repo: str) -> tuple[str, Any]:
-    """SESSION[:ID] -> (its store, the checkpoint; None: live)."""
-    session, _, cid = word.partition(":")
-    store = session_store(session, repo)
-    return store, None if cid in ("", "live") else _ref(cid)
+    here = repo_here(args.repo) if any(w.partition(":")[0].isdigit() for w in words) else ""
+    out, repos = [], set()
+    for word in words:
+        session, _, cid = word.partition(":")
+        store = session_store(session, here)
+        repos.add(read_info(store).get("repo") or here)
+        out.append((store, None if cid in ("", "live") else _ref(cid)))
+    if len(repos) != 1 or "" in repos:
+        raise UserError(f"{' and '.join(words)} are not sessions of one repo: compare the "
+                        "sessions of one repo ('overlayckpt sessions' lists them)")
+    repo = repos.pop()
+    _not_in_place(repo)
+    return repo, out
 
 
 @contextlib.contextmanager
@@ -126,9 +133,7 @@ def cross_diff(args: argparse.Namespace, text: Any) -> int:
     from overlayckpt.core.timeline import Timeline
     if len(args.refs) != 2:
         raise UserError("a diff across sessions takes two states: diff SESSION_A[:ID] SESSION_B[:ID]")
-    repo = _repo_of(args)
-    _not_in_place(repo)
-    (store_a, ref_a), (store_b, ref_b) = (split_ref(w, repo) for w in args.refs)
+    repo, ((store_a, ref_a), (store_b, ref_b)) = split_refs(args, args.refs)
     with reading(store_a, repo) as sa, reading(store_b, repo) as sb:
         tl = Timeline(sa.ctx)
 
@@ -153,9 +158,7 @@ def cross_diff(args: argparse.Namespace, text: Any) -> int:
 
 def apply_from(args: argparse.Namespace) -> dict[str, Any]:
     """apply --from SESSION[:ID]: that session's apply, with its conflict rules."""
-    repo = _repo_of(args)
-    _not_in_place(repo)
-    store, ref = split_ref(args.from_session, repo)
+    _, ((store, ref),) = split_refs(args, [args.from_session])
     if ref is None and args.checkpoint is not None:
         ref = _ref(args.checkpoint)
     cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}

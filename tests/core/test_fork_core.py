@@ -12,12 +12,13 @@ import pytest
 import trio
 
 from overlayckpt.core.fork import changes_between
-from overlayckpt.core.maintenance import fsck, gc, thin_plan
+from overlayckpt.core.maintenance import fsck, gc, gc_plan, referenced_blocks, thin_plan
 from overlayckpt.core.patch import render
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.service.session import Session
-from overlayckpt.tables import BLOCKS
+from overlayckpt.store.lmdbstore import WriteTxn
+from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, PINNED
 
 from .helpers_core import ME, content, exists, tree_of
 from .test_backout_core import edit_line, put, remove
@@ -105,16 +106,32 @@ def test_fork_of_a_fork_reads_along_the_chain(session: Session, family: Any) -> 
 def test_parent_gc_keeps_what_forks_refer_to(session: Session, family: Any) -> None:
     put(session, "big.bin", BIG)
     f1 = family(session, None, "f1")
-    f2 = family(f1, None, "f2")  # the fork's fork alone keeps them, later
+    f2 = family(f1, None, "f2")
     remove(session, "big.bin")
     remove(f1, "big.bin")
-    for s in (session, f1):  # no history keeps them either: only the forks
-        s.store.write(lambda w: None)
-    before = blocks(session)
     assert gc(session.store)["removed_blocks"] == 0
-    assert blocks(session) == before
     assert content(f2.overlay, "big.bin") == BIG
     assert fsck(f2.store)["clean"] and fsck(f1.store)["clean"]
+    # a parent whose own references were gone would still keep what its fork's fork
+    # names (its history keeps them as well: here it is left out, in a transaction undone)
+    mine = f2.store.read(lambda r: referenced_blocks(r, forks=False))
+    held = set(session.store.read(lambda r: [d for d, _ in r.range_from(BLOCKS)]))
+    assert mine & held
+    assert not set(doomed_without_own_refs(session)) & mine
+    run(session, {"cmd": "unfork", "store": f1.store.path})  # (f1 names them too)
+    assert mine & held <= set(doomed_without_own_refs(session))
+
+
+def doomed_without_own_refs(s: Session) -> list[bytes]:
+    """What gc would drop if the session itself referred to no block (undone after)."""
+    txn = s.store.env.begin(write=True)
+    try:
+        w = WriteTxn(s.store, txn)
+        for table in (BMAP, JOURNAL, PINNED):
+            w.clear(table)
+        return gc_plan(w).doomed
+    finally:
+        txn.abort()
 
 
 def test_the_parent_lists_its_forks_and_forgets_a_dropped_one(session: Session, family: Any,
