@@ -18,7 +18,7 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import WriteTxn
-from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, PINNED
+from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, META, PARENT_KEY, PINNED
 
 from .helpers_core import ME, content, exists, tree_of
 from .test_backout_core import edit_line, put, remove
@@ -208,3 +208,18 @@ def test_fork_into_an_existing_session_is_refused(session: Session, family: Any,
         run(session, {"cmd": "fork", "store": str(tmp_path / "f9"), "id": 999})
     assert run(session, {"cmd": "forks"})["forks"] == {str(tmp_path / "f1"): 1}
     assert not os.path.exists(tmp_path / "f9")
+
+
+def test_a_forks_bundle_stands_alone(session: Session, family: Any, open_session: Any,
+                                     repo: Path, tmp_path: Path) -> None:
+    from overlayckpt.export.importer import import_bundle
+    put(session, "big.bin", BIG)
+    f = family(session, None, "f1")
+    edit_line(f, "docs/guide.txt", 1, "fork")
+    expected = tree_of(f.overlay)
+    run(f, {"cmd": "export_bundle", "path": str(tmp_path / "f.bundle")})
+    import_bundle(str(tmp_path / "f.bundle"), str(tmp_path / "imported"), None)
+    alone = open_session(repo, store=tmp_path / "imported", create=False)
+    assert alone.store.read(lambda r: r.get(META, PARENT_KEY)) is None  # no parent to read
+    assert tree_of(alone.overlay) == expected
+    assert at(alone, 0) == at(f, 0)
