@@ -159,3 +159,29 @@ def test_run_fork_runs_the_command_in_each_fork(tmp_path: Path, repo: Path, moun
         patch = run_cli("diff", f"{parent.store}:", f"{f['store']}:").stdout
         assert f"+fork {i}\n" in patch and "+hello\n" not in patch
     assert not [m for m in open("/proc/self/mounts").read().splitlines() if "overlayckpt-forks-" in m]
+
+
+def test_bad_fork_input_gets_one_line_and_changes_nothing(tmp_path: Path, repo: Path,
+                                                          mount_factory) -> None:
+    parent = mount_factory(repo)
+    (parent.mnt / "x.txt").write_text("x\n")
+    before = parent.cli("--json", "log", "--all").stdout
+    store = tmp_path / "store-bad"
+    for args, says in (
+            (["fork", str(tmp_path / "nowhere"), "--fork-store", str(store)], "not a directory"),
+            (["fork", "999", str(tmp_path), "--fork-store", str(store)], "unknown checkpoint"),
+            (["fork", "1", "2", "3"], "fork [ID] MOUNTPOINT"),
+            (["fork", str(repo), "--fork-store", str(store)], "beside the repo")):
+        proc = parent.cli(*args, check=False)
+        assert proc.returncode == 1 and says in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not store.exists()
+    assert parent.cli("--json", "log", "--all").stdout == before
+    other = tmp_path / "other"
+    other.mkdir()
+    o = mount_factory(other, name="other")
+    proc = run_cli("diff", f"{parent.store}:", f"{o.store}:", check=False)
+    assert proc.returncode == 1 and "not sessions of one repo" in proc.stderr
+    # one session's two states through the same syntax: its own diff
+    same = run_cli("diff", "--stat", f"{parent.store}:0", f"{parent.store}:").stdout
+    assert "x.txt" in same

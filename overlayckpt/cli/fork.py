@@ -134,7 +134,9 @@ def cross_diff(args: argparse.Namespace, text: Any) -> int:
     if len(args.refs) != 2:
         raise UserError("a diff across sessions takes two states: diff SESSION_A[:ID] SESSION_B[:ID]")
     repo, ((store_a, ref_a), (store_b, ref_b)) = split_refs(args, args.refs)
-    with reading(store_a, repo) as sa, reading(store_b, repo) as sb:
+    with contextlib.ExitStack() as stack:
+        sa = stack.enter_context(reading(store_a, repo))
+        sb = sa if store_b == store_a else stack.enter_context(reading(store_b, repo))
         tl = Timeline(sa.ctx)
 
         def fn(ra: Any, rb: Any) -> dict[str, Any]:

@@ -220,6 +220,21 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _family(store: str) -> dict[str, Any]:
+    """The session's parent and forks: from its store, and the forks the repo's numbered
+    sessions name (a store that cannot be read still has those)."""
+    info = read_info(store)
+    try:
+        family = client.call_store(store, {"cmd": "forks"})
+    except UserError:  # (damaged, say: it can still be dropped)
+        family = {"forks": {}, "parent": None}
+        if info.get("parent"):
+            family["parent"] = {"store": info["parent"], "checkpoint": info.get("parent_checkpoint")}
+    named = [path for _, path in numbered(info.get("repo") or "")
+             if read_info(path).get("parent") == store] if info.get("repo") else []
+    return {"parent": family["parent"], "forks": sorted(set(family["forks"]) | set(named))}
+
+
 def cmd_drop(args: argparse.Namespace) -> int:
     given = args.session
     repo = repo_here(args.repo) if given.isdigit() else ""
@@ -227,7 +242,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     mounted = client.served_at(store)
     if mounted:
         raise UserError(f"session {given} is mounted at {mounted}: unmount it first")
-    family = client.call_store(store, {"cmd": "forks"})
+    family = _family(store)
     live = [f for f in family["forks"] if is_store(f)]
     if live:
         repo = repo or read_info(store).get("repo", "")
@@ -246,7 +261,10 @@ def cmd_drop(args: argparse.Namespace) -> int:
         os.close(lock_fd)
     parent = family["parent"]
     if parent and is_store(parent["store"]):  # its blocks are the parent's garbage now
-        client.call_store(parent["store"], {"cmd": "unfork", "store": store})
+        try:
+            client.call_store(parent["store"], {"cmd": "unfork", "store": store})
+        except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
+            pass
     emit(args, {"dropped": store, "freed_bytes": freed},
          lambda r: f"dropped session {given} (store {store}, {_size(freed)} freed)")
     return 0
