@@ -159,6 +159,28 @@ def test_run_fork_runs_the_command_in_each_fork(tmp_path: Path, repo: Path, moun
         patch = run_cli("diff", f"{parent.store}:", f"{f['store']}:").stdout
         assert f"+fork {i}\n" in patch and "+hello\n" not in patch
     assert not [m for m in open("/proc/self/mounts").read().splitlines() if "overlayckpt-forks-" in m]
+    # sessions: the forks are numbered sessions of the repo, each naming its parent
+    listed = json.loads(run_cli("--json", "sessions", str(repo)).stdout)["sessions"]
+    forks = [x for x in listed if x["parent"]]
+    assert [x["store"] for x in forks] == [f["store"] for f in result["forks"]]
+    assert all(x["parent"] == {"store": str(parent.store), "checkpoint": result["checkpoint"]}
+               for x in forks)
+    table = run_cli("sessions", str(repo)).stdout
+    assert "FORK OF" in table
+
+
+def test_a_fork_of_a_session_mounted_in_place_is_refused(tmp_path: Path, repo: Path,
+                                                         torn_down) -> None:
+    store = tmp_path / "store-inplace"
+    torn_down(repo, store)
+    run_cli("mount", str(repo), "--store", str(store))
+    mnt = tmp_path / "mnt-fork"
+    mnt.mkdir()
+    proc = run_cli("--mount", str(repo), "fork", str(mnt), check=False)
+    assert proc.returncode == 1 and "mounted in place" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert os.listdir(mnt) == []
+    run_cli("unmount", str(repo), "--no-apply")
 
 
 def test_bad_fork_input_gets_one_line_and_changes_nothing(tmp_path: Path, repo: Path,
@@ -185,3 +207,21 @@ def test_bad_fork_input_gets_one_line_and_changes_nothing(tmp_path: Path, repo: 
     # one session's two states through the same syntax: its own diff
     same = run_cli("diff", "--stat", f"{parent.store}:0", f"{parent.store}:").stdout
     assert "x.txt" in same
+
+
+def test_the_default_session_is_the_newest_that_is_not_a_fork(tmp_path: Path, monkeypatch) -> None:
+    from overlayckpt.cli.sessions import numbered, store_for
+    from overlayckpt.store.info import default_store_dir
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    repo = tmp_path / "r"
+    repo.mkdir()
+    base = default_store_dir(str(repo))
+    for n, parent in ((1, None), (2, None), (3, base + ".2"), (4, base + ".3")):
+        store = Path(base if n == 1 else f"{base}.{n}")
+        store.mkdir(parents=True)
+        for name in ("data.mdb", "lock.mdb"):
+            (store / name).write_bytes(b"")
+        (store / "session.json").write_text(json.dumps({"repo": str(repo), "parent": parent}))
+    assert [n for n, _ in numbered(str(repo))] == [1, 2, 3, 4]
+    assert store_for(str(repo), None, False) == base + ".2"  # (3 and 4 are forks)
+    assert store_for(str(repo), None, True) == base + ".5"

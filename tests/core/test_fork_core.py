@@ -223,3 +223,28 @@ def test_a_forks_bundle_stands_alone(session: Session, family: Any, open_session
     assert alone.store.read(lambda r: r.get(META, PARENT_KEY)) is None  # no parent to read
     assert tree_of(alone.overlay) == expected
     assert at(alone, 0) == at(f, 0)
+
+
+def test_a_fork_keeps_the_conversation_up_to_its_checkpoint(session: Session, family: Any) -> None:
+    from overlayckpt.core.conversation import live_lines
+    session.conversation_append(b'{"role": "user", "content": "before"}')
+    put(session, "a.txt", b"a\n")
+    first = checkpoint(session)
+    session.conversation_append(b'{"role": "user", "content": "after"}')
+    f = family(session, first, "f1")
+    assert [x["content"] for x in f.store.read(live_lines)] == ["before"]
+    f.conversation_append(b'{"role": "user", "content": "in the fork"}')
+    assert [x["content"] for x in f.store.read(live_lines)] == ["before", "in the fork"]
+    assert [x["content"] for x in session.store.read(live_lines)] == ["before", "after"]
+
+
+def test_a_fork_sees_the_repo_as_it_was_after_the_parent_applied(session: Session, family: Any,
+                                                                   repo: Path) -> None:
+    from overlayckpt.core.apply import apply_live
+    original = tree_of(session.overlay)
+    edit_line(session, "docs/guide.txt", 0, "applied")
+    remove(session, "README.md")
+    apply_live(session.ctx)  # the repo changes: the parent pinned what it first saw
+    assert b"applied" in (repo / "docs" / "guide.txt").read_bytes()
+    f = family(session, 0, "f1")  # the session's start: the repo before the apply
+    assert tree_of(f.overlay) == original
