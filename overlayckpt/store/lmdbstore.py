@@ -584,6 +584,9 @@ def drop_reader(path: str) -> None:
 
 def store_at(path: str) -> Store:
     """The store at path for reading: the one this process has open, else a reader."""
+    found = _OPEN.get(path) or _READERS.get(path)  # (paths recorded are real already)
+    if found is not None:
+        return found
     real = os.path.realpath(path)
     with _chain_lock:
         found = _OPEN.get(real) or _READERS.get(real)
@@ -601,15 +604,23 @@ def parent_of(r: ReadTxn) -> tuple[str, int] | None:
     return path, cid
 
 
+# a store's path -> its parent's store path, or "" (a store's parent never changes; and a
+# block is found by its digest, so even a store made anew at the same path reads right)
+_PARENT_PATHS: dict[str, str] = {}
+
+
 def parent_block(r: ReadTxn, digest: bytes) -> bytes | None:
     """The raw block from the parent chain of r's store (None: nowhere)."""
-    parent = parent_of(r)
-    if parent is None:
+    path = _PARENT_PATHS.get(r.store.path)
+    if path is None:
+        parent = parent_of(r)
+        path = _PARENT_PATHS[r.store.path] = parent[0] if parent else ""
+    if not path:
         return None
     try:
-        store = store_at(parent[0])
+        store = store_at(path)
     except UserError:
-        log.warning("the parent store %s of %s cannot be read", parent[0], r.store.path)
+        log.warning("the parent store %s of %s cannot be read", path, r.store.path)
         return None
     return store.read(lambda p: p.get(BLOCKS, digest) or parent_block(p, digest))
 
