@@ -225,3 +225,14 @@ def test_the_default_session_is_the_newest_that_is_not_a_fork(tmp_path: Path, mo
     assert [n for n, _ in numbered(str(repo))] == [1, 2, 3, 4]
     assert store_for(str(repo), None, False) == base + ".2"  # (3 and 4 are forks)
     assert store_for(str(repo), None, True) == base + ".5"
+
+
+def test_run_fork_of_a_command_that_cannot_start_leaves_no_mount(tmp_path: Path, repo: Path,
+                                                                 mount_factory, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    parent = mount_factory(repo)
+    proc = run_cli("--mount", str(parent.mnt), "run", "--fork", "2", "--",
+                   str(tmp_path / "no-such-command"), check=False)
+    assert proc.returncode == 1 and "cannot run" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not [m for m in open("/proc/self/mounts").read().splitlines() if "overlayckpt-forks-" in m]

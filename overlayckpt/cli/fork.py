@@ -63,8 +63,9 @@ def make_fork(target: Target, repo: str, ref: Any, mountpoint: str, store: str |
     try:
         spawn_daemon(repo, mountpoint, new, opts, False)
     except BaseException:
-        target.call({"cmd": "unfork", "store": new})
         import shutil
+        with contextlib.suppress(UserError, OSError):
+            target.call({"cmd": "unfork", "store": new})
         shutil.rmtree(new, ignore_errors=True)
         raise
     return {**made, "mountpoint": mountpoint, "session": session_label(repo, new),
@@ -204,6 +205,9 @@ def cmd_run_forks(args: argparse.Namespace) -> int:
             try:
                 procs.append(subprocess.Popen(cmd, cwd=f["mountpoint"], env=env))
             except OSError as e:
+                for p in procs:  # (the others would keep their mounts busy)
+                    p.kill()
+                    p.wait()
                 raise UserError(f"cannot run {cmd[0]}: {e.strerror}") from None
         for f, proc in zip(forks, procs):
             f["status"] = proc.wait()

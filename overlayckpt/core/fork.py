@@ -25,7 +25,7 @@ from typing import Any
 
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline, _differing
-from overlayckpt.errors import FsError
+from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Checkpoint, Node, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
 from overlayckpt.tables import (
@@ -63,7 +63,7 @@ def make_fork(r: ReadTxn, ck: Checkpoint, path: str) -> dict[str, Any]:
     the parent, recorded as forked already: record_fork). No block is copied."""
     parent = r.store
     if os.path.exists(os.path.join(path, "data.mdb")):
-        raise FileExistsError(path)
+        raise UserError(f"{path} holds a session already: pick another store for the fork")
     dst = Store.open(path, create=True, block_size=parent.block_size)
     copied = 0
     try:
