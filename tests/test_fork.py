@@ -192,11 +192,12 @@ def test_bad_fork_input_gets_one_line_and_changes_nothing(tmp_path: Path, repo: 
     for args, says in (
             (["fork", str(tmp_path / "nowhere"), "--fork-store", str(store)], "not a directory"),
             (["fork", "999", str(tmp_path), "--fork-store", str(store)], "unknown checkpoint"),
-            (["fork", "1", "2", "3"], "fork [ID] MOUNTPOINT"),
             (["fork", str(repo), "--fork-store", str(store)], "beside the repo")):
         proc = parent.cli(*args, check=False)
         assert proc.returncode == 1 and says in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    usage = parent.cli("fork", "1", "2", "3", check=False)
+    assert usage.returncode == 2 and "unrecognized arguments" in usage.stderr
     assert not store.exists()
     assert parent.cli("--json", "log", "--all").stdout == before
     other = tmp_path / "other"

@@ -121,7 +121,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     fo = sub.add_parser("fork", help="a new session from checkpoint ID (default: the live "
                                      "state) of this one, mounted at MOUNTPOINT; no file data copied")
-    fo.add_argument("where", nargs="+", metavar="[ID] MOUNTPOINT")
+    fo.add_argument("id", nargs="?", help="the checkpoint (id or name; default: the live state, "
+                                         "as a new checkpoint)")
+    fo.add_argument("mountpoint")
     fo.add_argument("--fork-store", help="the fork's store (default: the repo's next numbered session)")
 
     sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "

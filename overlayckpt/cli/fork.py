@@ -73,12 +73,9 @@ def make_fork(target: Target, repo: str, ref: Any, mountpoint: str, store: str |
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    words = args.where
-    if len(words) > 2:
-        raise UserError("fork takes a checkpoint and a mountpoint: fork [ID] MOUNTPOINT")
-    ref = _ref(words[0]) if len(words) == 2 else None
+    ref = None if args.id is None else _ref(args.id)
     target, repo, _ = _parent(args)
-    result = make_fork(target, repo, ref, words[-1], args.fork_store)
+    result = make_fork(target, repo, ref, args.mountpoint, args.fork_store)
     emit(args, result, lambda r: (
         f"forked {r['parent_session']} at checkpoint {r['checkpoint']} into {r['session']}, "
         f"mounted at {r['mountpoint']} (store {r['store']}; {r['entries']} entries copied, "
