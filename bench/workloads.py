@@ -700,7 +700,8 @@ class HistoryLength(Workload):
 
 def all_workloads() -> list[Workload]:
     """Every workload, in the order they run (history ones last: they add checkpoints)."""
-    from bench.session_workloads import LongSession, Stall  # they build on this module
+    from bench.fork_workloads import Fork  # (these build on this module)
+    from bench.session_workloads import LongSession, Stall
     return [
         EditFirst(),
         EditRepeat(),
@@ -719,9 +720,11 @@ def all_workloads() -> list[Workload]:
         TreeCommand("tar", ["bash", "-o", "pipefail", "-c", "tar cf - . | cat > /dev/null"],
                     iterations=(1, 3), warm_runs=(1, 2)),
         HistoryLength(0),
+        Fork(0),
         Checkpoint(),
         Restore(),
         HistoryLength(1),
+        Fork(1),
         Stall(),
         LongSession(),
     ]

@@ -87,6 +87,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("--no-apply", dest="apply", action="store_false")
     r.add_argument("--private", action="store_true",
                    help="only CMD and its children see the overlay (private mount namespace)")
+    r.add_argument("--fork", type=int, default=None, metavar="N",
+                   help="run CMD in each of N forks of the session's live state, at once; "
+                        "print each fork's exit status and diff --stat (the forks are kept)")
     _mount_args(r)
     r.add_argument("cmd", nargs=argparse.REMAINDER)
 
@@ -115,6 +118,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                      "'overlayckpt sessions', or its store directory")
     dr.add_argument("session")
     dr.add_argument("--repo", help="the repo whose session ID is meant (default: as for sessions)")
+
+    fo = sub.add_parser("fork", help="a new session from checkpoint ID (default: the live "
+                                     "state) of this one, mounted at MOUNTPOINT; no file data copied")
+    fo.add_argument("id", nargs="?", help="the checkpoint (id or name; default: the live state, "
+                                         "as a new checkpoint)")
+    fo.add_argument("mountpoint")
+    fo.add_argument("--fork-store", help="the fork's store (default: the repo's next numbered session)")
 
     sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "
                                "(stdio): timeline, diff, checkpoint, restore")
@@ -147,6 +157,7 @@ def _command_in(argv: list[str]) -> str | None:
 DAEMON_COMMANDS = ("mount", "unmount", "run", "status", "recover")
 HOOK_COMMANDS = ("hook", "install-hooks")
 SESSION_COMMANDS = ("sessions", "drop")
+FORK_COMMANDS = ("fork", "run-forks")  # (run-forks: run --fork N)
 
 
 def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
@@ -156,6 +167,9 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command == "mcp":
         from overlayckpt.cli.mcp import cmd_mcp  # (imports the mcp package only here)
         return cmd_mcp
+    if command in FORK_COMMANDS:
+        from overlayckpt.cli import fork
+        return getattr(fork, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
     if command in SESSION_COMMANDS:
         from overlayckpt.cli import sessions
         return getattr(sessions, "cmd_" + command)  # type: ignore[no-any-return]
@@ -187,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # (a command that talks to a daemon logs nothing here: it spares the import)
     if args.verbose or args.store or args.command in DAEMON_COMMANDS + HOOK_COMMANDS + ("mcp",):
         setup_logging(args.verbose)
-    handler = handler_of(args.command)
+    handler = handler_of("run-forks" if getattr(args, "fork", None) is not None else args.command)
     try:
         return handler(args)
     except UserError as e:

@@ -54,8 +54,36 @@ def store_for(repo: str, store: str | None, new: bool) -> str:
     if not found:
         return default_store_dir(repo)
     if not new:
-        return found[-1][1]
+        return default_of(found)[1]
     return f"{default_store_dir(repo)}.{found[-1][0] + 1}"
+
+
+def default_of(found: list[tuple[int, str]]) -> tuple[int, str]:
+    """The session a mount resumes: the newest that is not a fork (forks are mounted by
+    name), else the newest."""
+    mains = [s for s in found if not read_info(s[1]).get("parent")]
+    return (mains or found)[-1]
+
+
+def session_store(ref: str, repo: str) -> str:
+    """A session named on the command line: its id in 'sessions', or its store."""
+    if ref.isdigit():
+        stores = dict(numbered(repo))
+        if int(ref) not in stores:
+            raise UserError(f"{repo} has no session {ref}: 'overlayckpt sessions' lists them")
+        return stores[int(ref)]
+    store = os.path.realpath(ref)
+    if not is_store(store):
+        raise UserError(f"{ref} is not an overlayckpt session store: give an id or a "
+                        "store path that 'overlayckpt sessions' lists")
+    return store
+
+
+def session_label(repo: str, store: str) -> str:
+    """How commands name a session: "session N" for the repo's numbered ones."""
+    ids = {path: n for n, path in numbered(repo)}
+    store = os.path.realpath(store)
+    return f"session {ids[store]}" if store in ids else f"the session in {store}"
 
 
 def _ago(iso: str | None) -> str:
@@ -73,8 +101,7 @@ def _ago(iso: str | None) -> str:
 def announce(repo: str, mountpoint: str, store: str) -> dict[str, Any]:
     """A resumed session's summary from its daemon, and the lines a mount prints of it."""
     summary = client.send(mountpoint, {"cmd": "summary"})
-    ids = {path: n for n, path in numbered(repo)}
-    which = f"session {ids[store]}" if store in ids else f"the session in {store}"
+    which = session_label(repo, store)
     unapplied = (f"{summary['unapplied']} not yet applied to the repo" if summary["applied"]
                  else f"{summary['unapplied']} after its start, never applied to the repo")
     summary["text"] = (
@@ -127,8 +154,11 @@ def describe(n: int, store: str, default: bool) -> dict[str, Any]:
         summary = {"error": str(e)}
     mtime = max(os.stat(os.path.join(store, f)).st_mtime for f in ("data.mdb", "lock.mdb"))
     from overlayckpt.records import iso_time
-    return {"id": n, "store": store, "default": default, "mounted": mounted,
-            "created": summary.pop("created", None) or read_info(store).get("created"),
+    info = read_info(store)
+    parent = {"store": info["parent"], "checkpoint": info.get("parent_checkpoint")} \
+        if info.get("parent") else None
+    return {"id": n, "store": store, "default": default, "mounted": mounted, "parent": parent,
+            "created": summary.pop("created", None) or info.get("created"),
             "last_activity": iso_time(int(mtime * 1e9)), "size_bytes": _disk_bytes(store),
             **summary}
 
@@ -144,46 +174,80 @@ def _size(n: int) -> str:
 def _table(r: dict[str, Any]) -> str:
     if not r["sessions"]:
         return f"no sessions of {r['repo']} (a mount starts one)"
-    rows = [("", "ID", "CREATED", "LAST ACTIVITY", "CHECKPOINTS", "NOT APPLIED", "SIZE", "MOUNTED",
-             "STORE")]
-    for s in r["sessions"]:
-        rows.append(("*" if s["default"] else "", str(s["id"]), (s["created"] or "?")[:16].replace("T", " "),
+    rows = [("", "ID", "FORK OF", "CREATED", "LAST ACTIVITY", "CHECKPOINTS", "NOT APPLIED", "SIZE",
+             "MOUNTED", "STORE")]
+    ids = {s["store"]: s["id"] for s in r["sessions"]}
+    for s, depth in _tree(r["sessions"]):
+        p = s["parent"]
+        fork_of = "-" if p is None else f"{ids.get(p['store'], '?')}:{p['checkpoint']}"
+        rows.append(("*" if s["default"] else "", "  " * depth + str(s["id"]), fork_of,
+                     (s["created"] or "?")[:16].replace("T", " "),
                      s["last_activity"][:16].replace("T", " "),
                      str(s.get("checkpoints", "?")), str(s.get("unapplied", "?")),
                      _size(s["size_bytes"]), s["mounted"] or "-", s["store"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"sessions of {r['repo']} (* the default: a mount without --store resumes it)"]
+    lines = [f"sessions of {r['repo']} (* the default: a mount without --store resumes it; "
+             "a fork under its parent)"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"session {s['id']}: {s['error']}" for s in r["sessions"] if "error" in s]
     return "\n".join(lines)
 
 
+def _tree(sessions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """Sessions in order, each fork under its parent (depth: how far down)."""
+    listed = {s["store"] for s in sessions}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for s in sessions:
+        p = s["parent"]["store"] if s["parent"] and s["parent"]["store"] in listed else None
+        children.setdefault(p, []).append(s)
+    out: list[tuple[dict[str, Any], int]] = []
+
+    def visit(parent: str | None, depth: int) -> None:
+        for s in children.get(parent, ()):
+            out.append((s, depth))
+            visit(s["store"], depth + 1)
+    visit(None, 0)
+    return out
+
+
 def cmd_sessions(args: argparse.Namespace) -> int:
     repo = repo_here(args.repo)
     found = numbered(repo)
-    newest = found[-1][0] if found else None
+    newest = default_of(found)[0] if found else None
     result = {"repo": repo, "default": newest,
               "sessions": [describe(n, store, n == newest) for n, store in found]}
     emit(args, result, _table)
     return 0
 
 
+def _family(store: str) -> dict[str, Any]:
+    """The session's parent and forks: from its store, and the forks the repo's numbered
+    sessions name (a store that cannot be read still has those)."""
+    info = read_info(store)
+    try:
+        family = client.call_store(store, {"cmd": "forks"})
+    except UserError:  # (damaged, say: it can still be dropped)
+        family = {"forks": {}, "parent": None}
+        if info.get("parent"):
+            family["parent"] = {"store": info["parent"], "checkpoint": info.get("parent_checkpoint")}
+    named = [path for _, path in numbered(info.get("repo") or "")
+             if read_info(path).get("parent") == store] if info.get("repo") else []
+    return {"parent": family["parent"], "forks": sorted(set(family["forks"]) | set(named))}
+
+
 def cmd_drop(args: argparse.Namespace) -> int:
     given = args.session
-    if given.isdigit():
-        repo = repo_here(args.repo)
-        stores = dict(numbered(repo))
-        if int(given) not in stores:
-            raise UserError(f"{repo} has no session {given}: 'overlayckpt sessions' lists them")
-        store = stores[int(given)]
-    else:
-        store = os.path.realpath(given)
-        if not is_store(store):
-            raise UserError(f"{given} is not an overlayckpt session store: give an id or a "
-                            "store path that 'overlayckpt sessions' lists")
+    repo = repo_here(args.repo) if given.isdigit() else ""
+    store = session_store(given, repo)
     mounted = client.served_at(store)
     if mounted:
         raise UserError(f"session {given} is mounted at {mounted}: unmount it first")
+    family = _family(store)
+    live = [f for f in family["forks"] if is_store(f)]
+    if live:
+        repo = repo or read_info(store).get("repo", "")
+        raise UserError(f"session {given} has forks that read their files from it: "
+                        f"{', '.join(session_label(repo, f) for f in live)}; drop them first")
     lock_fd = os.open(os.path.join(store, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:  # the daemon's lock (lmdbstore.Store.open): none may start while we delete
@@ -195,6 +259,12 @@ def cmd_drop(args: argparse.Namespace) -> int:
         shutil.rmtree(store)
     finally:
         os.close(lock_fd)
+    parent = family["parent"]
+    if parent and is_store(parent["store"]):  # its blocks are the parent's garbage now
+        try:
+            client.call_store(parent["store"], {"cmd": "unfork", "store": store})
+        except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
+            pass
     emit(args, {"dropped": store, "freed_bytes": freed},
          lambda r: f"dropped session {given} (store {store}, {_size(freed)} freed)")
     return 0

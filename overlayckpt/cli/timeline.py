@@ -59,12 +59,18 @@ def cmd_log(args: argparse.Namespace) -> int:
                          f"{c['summary']}" + (f"\n       {files}{delta}" if files else ""))
         if r.get("more"):
             lines.append(f"(the newest {len(r['checkpoints'])}; older ones: --limit N, or --limit 0 for all)")
+        elif r.get("forked_from"):
+            from overlayckpt.cli.fork import forked_from_line
+            lines.append(forked_from_line(r["forked_from"]))
         return "\n".join(lines)
     return _emit(args, result, text)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     refs, paths = args.refs, args.paths
+    if any(":" in ref for ref in refs):  # SESSION:ID, across sessions of the repo
+        from overlayckpt.cli.fork import cross_diff
+        return cross_diff(args, _diff_text(args))
     if len(refs) > 2:
         from overlayckpt.errors import UserError
         raise UserError("diff takes at most two checkpoints: diff [A [B]] [-- PATH ...]")
@@ -74,7 +80,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if len(refs) > 1:
         cmd["b"] = _ref(refs[1])
     result = _target(args).call(cmd)
+    return _emit(args, result, _diff_text(args))
 
+
+def _diff_text(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
     def text(r: dict[str, Any]) -> str:
         if args.stat:
             rows = [f" {f['change']} {f['path']} | " + ("Bin" if f["added"] is None else
@@ -84,7 +93,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             return "\n".join(rows)
         sys.stdout.write(r["patch"])
         return ""
-    return _emit(args, result, text)
+    return text
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -153,6 +162,11 @@ def cmd_conversation(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    if args.from_session:  # another session of the repo (a fork): its own apply
+        from overlayckpt.cli.fork import apply_from
+        result = apply_from(args)
+        return _emit(args, result, lambda r: f"applied {args.from_session} to {r['repo']}: "
+                                             f"{r['written']} written, {r['removed']} removed")
     cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
     if args.checkpoint is not None:
         cmd["checkpoint"] = _ref(args.checkpoint)
@@ -218,6 +232,7 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     d.add_argument("refs", nargs="*", metavar="A [B]", help="then optionally: -- PATH ...")
     d.add_argument("--stat", action="store_true")
     d.add_argument("--all", action="store_true", help="also git's internals (.git/...)")
+    d.add_argument("--repo", help="the repo whose sessions SESSION:ID names (default: as for sessions)")
 
     s = sub.add_parser("show", help="a checkpoint's files, or one file's content at it")
     s.add_argument("id")
@@ -238,6 +253,10 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
 
     ap = sub.add_parser("apply", help="write the live state (or a checkpoint) into the repo")
     ap.add_argument("--checkpoint")
+    ap.add_argument("--from", dest="from_session", metavar="SESSION[:ID]",
+                    help="apply another session of the repo (a fork: its id in 'sessions'), "
+                         "live or at checkpoint ID")
+    ap.add_argument("--repo", help="the repo whose session --from names (default: as for sessions)")
     ap.add_argument("--force", action="store_true",
                     help="overwrite files that also changed in the repo since the session began")
 

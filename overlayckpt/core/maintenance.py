@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 from typing import Any
 
 import blake3
@@ -24,14 +25,16 @@ from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_block, store_at
 from overlayckpt.tables import (
     BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DERIVED_KEYS, DIRENTS, GROUPFILES, JOURNAL, META, NAMES,
     NODES, PINNED, SEQ_KEY,
 )
 
 
-def referenced_blocks(r: ReadTxn) -> set[bytes]:
+def referenced_blocks(r: ReadTxn, forks: bool = True) -> set[bytes]:
+    """Every block the session refers to (forks: and each of its forks, theirs: what its
+    gc keeps; a fork's own blocks are in its own store)."""
     refs: set[bytes] = set()
     for _, digest in r.range_from(BMAP):
         refs.add(digest)
@@ -42,6 +45,9 @@ def referenced_blocks(r: ReadTxn) -> set[bytes]:
                 refs.add(old)
     for _, v in r.range_from(PINNED):
         refs.update(unpack_obj(v).get("blocks") or ())
+    for path in forks_of(r) if forks else ():  # (a fork dropped by hand: refers to nothing)
+        if os.path.exists(os.path.join(path, "data.mdb")):
+            refs |= store_at(path).read(referenced_blocks)
     refs.discard(ZERO_BLOCK)
     return refs
 
@@ -60,9 +66,9 @@ def fsck(store: Store) -> dict[str, Any]:
                 continue
             if blake3.blake3(data).digest() != digest:
                 problems.append(f"block {digest.hex()} does not match its digest")
-        refs = referenced_blocks(r)
+        refs = referenced_blocks(r, forks=False)  # (each fork's fsck checks its own)
         for digest in sorted(refs):
-            if r.get(BLOCKS, digest) is None:
+            if r.get(BLOCKS, digest) is None and parent_block(r, digest) is None:
                 problems.append(f"block {digest.hex()} is referenced but missing")
         for k, v in r.range_from(DIRENTS):
             if v != WHITEOUT and r.get(NODES, v) is None:
@@ -171,13 +177,15 @@ def thin_plan(r: ReadTxn, budget: int) -> list[Merge]:
     a checkpoint that goes: its state stays exact until its own slice), so that the block
     versions only they needed become garbage for gc.
 
-    Named and restore checkpoints, checkpoint 0 and the newest checkpoint stay. Merging
+    Named and restore checkpoints, checkpoint 0, those a fork started from and the newest
+    checkpoint stay. Merging
     keeps, per key, the oldest previous value, so every kept checkpoint restores exactly.
     """
     if r.meta_int(BLOCK_BYTES_KEY) <= budget:
         return []
     cks = [Checkpoint.unpack(from_u64(k), v) for k, v in r.range_from(CKPTS)]
-    candidates = [c for c in cks[:-1] if c.kind == "auto" and c.id != 0]
+    forked = set(forks_of(r).values())
+    candidates = [c for c in cks[:-1] if c.kind == "auto" and c.id != 0 and c.id not in forked]
     dropped = {c.id for c in candidates[:max(1, len(candidates) // 2)]} if candidates else set()
     kept_seqs = sorted({c.seq for c in cks if c.id not in dropped})
     inside: dict[int, list[Checkpoint]] = {}  # a kept seq -> the dropped checkpoints after it

@@ -31,8 +31,11 @@ import zstandard
 
 from overlayckpt.errors import UserError
 from overlayckpt.records import FORMAT_VERSION, iso_time
-from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import DERIVED_KEYS, DERIVED_TABLES, FORMAT_KEY, META, TABLES
+from overlayckpt.core.maintenance import referenced_blocks
+from overlayckpt.store.lmdbstore import ReadTxn, Store, parent_block, parent_of
+from overlayckpt.tables import (
+    BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY, FORMAT_KEY, META, PARENT_KEY, TABLES,
+)
 from overlayckpt.export.identity import (
     identities, lower_files, lower_identity, lower_links, seen_files,
 )
@@ -64,8 +67,8 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
                 buf = bytearray(packer.pack(header))
                 for ti, table in enumerate(BUNDLE_TABLES):
                     n = 0
-                    for k, v in r.range_from(table):
-                        if table == META and k in DERIVED_KEYS:
+                    for k, v in _entries(r, table):
+                        if table == META and (k in DERIVED_KEYS or _family(k)):
                             continue
                         buf += packer.pack([ti, k, v])
                         n += 1
@@ -90,6 +93,23 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
         unlink_quietly(tmp)
         raise
     return {"path": path, "bytes": os.path.getsize(path), "records": counts, **result}
+
+
+def _entries(r: ReadTxn, table: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """A table's entries; a fork's blocks also those it reads from its parent's store
+    (a bundle stands alone)."""
+    yield from r.range_from(table)
+    if table == BLOCKS and parent_of(r) is not None:
+        for digest in sorted(referenced_blocks(r, forks=False)):
+            if r.get(BLOCKS, digest) is None:
+                raw = parent_block(r, digest)
+                if raw is not None:
+                    yield digest, raw
+
+
+def _family(key: bytes) -> bool:
+    """A fork's parent and a parent's forks: not the bundle's (its blocks are its own)."""
+    return key == PARENT_KEY or key.startswith(FORK_KEY)
 
 
 def unlink_quietly(path: str) -> None:

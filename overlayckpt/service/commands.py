@@ -76,7 +76,10 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(counted, int) or counted < 0:
         raise UserError('"lines" must be a non-negative integer')
     Timeline(s.ctx).seal()
-    return await s.read_off_loop("log", cmd)
+    from overlayckpt.store.lmdbstore import parent_of
+    parent = s.store.read(parent_of)
+    return {**await s.read_off_loop("log", cmd),
+            "forked_from": parent and {"store": parent[0], "checkpoint": parent[1]}}
 
 
 @reading("log")
@@ -295,3 +298,57 @@ async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise UserError('"budget" must be a number of bytes')
     return await s.maintain(budget, then_gc=True)
+
+
+# -- forks (core/fork.py) ---------------------------------------------------------------
+
+@command("fork", durable=True)
+async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    """A new session's store at "store", starting from checkpoint "id" (none: the live
+    state, as a new checkpoint). Its blocks stay here: the fork is recorded first, so no
+    gc or thinning between the copy and its end drops what the fork needs."""
+    from overlayckpt.core.fork import forget_fork, make_fork, record_fork
+    from overlayckpt.core.workers import off_loop
+    from overlayckpt.records import iso_time
+    from overlayckpt.store.info import read_info, write_info
+    path = _opt_str(cmd, "store")
+    if not path:
+        raise UserError('fork needs "store" (the new session\'s store directory)')
+    path = os.path.realpath(path)
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        raise UserError(f"{path} holds a session already: pick another --store")
+    tl = Timeline(s.ctx)
+    if cmd.get("id") is None:
+        ck = tl.checkpoint(None, "fork", _caller())
+    else:
+        ck = s.store.read(lambda r: tl.get(r, cmd["id"]))
+    s.store.write(lambda w: record_fork(w, path, ck.id))
+    try:
+        made = await off_loop(s.store, lambda store: store.read(lambda r: make_fork(r, ck, path)))
+    except BaseException:
+        s.store.write(lambda w: forget_fork(w, path))
+        raise
+    info = read_info(s.store.path)
+    write_info(path, {"repo": s.repo, "window": info.get("window", 1.0),
+                      "block_size": s.store.block_size, "created": iso_time(time.time_ns()),
+                      "parent": os.path.realpath(s.store.path), "parent_checkpoint": ck.id})
+    return {**made, "parent": os.path.realpath(s.store.path), "repo": s.repo}
+
+
+@command("unfork", durable=True)
+async def _unfork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Forget the fork at "store" (it was dropped): its blocks are this session's garbage."""
+    from overlayckpt.core.fork import forget_fork
+    from overlayckpt.store.lmdbstore import drop_reader
+    path = _opt_str(cmd, "store")
+    if not path:
+        raise UserError('unfork needs "store"')
+    drop_reader(path)
+    return {"forgot": s.store.write(lambda w: forget_fork(w, os.path.realpath(path)))}
+
+
+@command("forks")
+async def _forks(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Where this session forked from, and its forks."""
+    from overlayckpt.core.fork import fork_info
+    return s.store.read(fork_info)

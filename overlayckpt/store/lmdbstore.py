@@ -36,9 +36,12 @@ import zstandard
 
 from overlayckpt.store import synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
-from overlayckpt.records import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64
+from overlayckpt.records import (
+    DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64, unpack_obj,
+)
 from overlayckpt.tables import (
-    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORMAT_KEY, META, TABLES,
+    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY, FORMAT_KEY,
+    META, PARENT_KEY, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -149,6 +152,8 @@ class ReadTxn:
         if digest == ZERO_BLOCK:
             return bytes(self.store.block_size)
         raw = self.get(BLOCKS, digest)
+        if raw is None:
+            raw = parent_block(self, digest)  # a fork's blocks stay in its parent's store
         if raw is None:
             raise FsError(errno.EIO, f"block {digest.hex()} missing from store")
         return self.store.decode_block(raw)
@@ -337,6 +342,7 @@ class Store:
                 os.close(lock_fd)
                 raise StoreLocked(
                     f"store {path} is in use by another overlayckpt daemon: unmount it first") from None
+        drop_reader(path)
         try:
             new = not os.path.exists(os.path.join(path, synced.DATA_NAME))
             if new and not create:
@@ -362,9 +368,11 @@ class Store:
             store.write(init_bs)
             store.block_size = store.read(lambda r: r.meta_int(BLOCK_SIZE_KEY))
             store.sync()
+        _opened(store)
         return store
 
     def close(self) -> None:
+        _OPEN.pop(os.path.realpath(self.path), None)
         self._finish_auto(wait=True)
         self._flusher.shutdown()
         point = self.sync_begin()
@@ -576,6 +584,81 @@ class ReaderStore(Store):
 
     def close(self) -> None:
         self.env.close()
+
+
+# -- forks: a fork's store reads the blocks it does not hold from its parent's ----------
+#
+# A fork (core/fork.py) holds the parent's tables at the fork point, not its blocks: a
+# block missing here is looked up in the parent's store (META PARENT_KEY), and so on up
+# the chain. LMDB must not open one file twice in a process (closing the second copy
+# drops the first's locks): a store this process has open is read as it is, any other
+# through a ReaderStore kept for the process's life.
+
+_OPEN: dict[str, Store] = {}  # realpath -> a Store this process has open
+_READERS: dict[str, Store] = {}  # realpath -> a ReaderStore opened for a fork's reads
+_chain_lock = threading.Lock()
+
+
+def _opened(store: Store) -> None:
+    with _chain_lock:
+        _OPEN[os.path.realpath(store.path)] = store
+
+
+def drop_reader(path: str) -> None:
+    """Before this process opens the store at path itself: close the reader it kept."""
+    with _chain_lock:
+        reader = _READERS.pop(os.path.realpath(path), None)
+    if reader is not None:
+        reader.close()
+
+
+def store_at(path: str) -> Store:
+    """The store at path for reading: the one this process has open, else a reader."""
+    found = _OPEN.get(path) or _READERS.get(path)  # (paths recorded are real already)
+    if found is not None:
+        return found
+    real = os.path.realpath(path)
+    with _chain_lock:
+        found = _OPEN.get(real) or _READERS.get(real)
+        if found is None:
+            found = _READERS[real] = ReaderStore(real)
+    return found
+
+
+def parent_of(r: ReadTxn) -> tuple[str, int] | None:
+    """(the parent's store path, the checkpoint forked from) of a fork, else None."""
+    raw = r.get(META, PARENT_KEY)
+    if raw is None:
+        return None
+    path, cid = unpack_obj(raw)
+    return path, cid
+
+
+# a store's path -> its parent's store path, or "" (a store's parent never changes; and a
+# block is found by its digest, so even a store made anew at the same path reads right)
+_PARENT_PATHS: dict[str, str] = {}
+
+
+def parent_block(r: ReadTxn, digest: bytes) -> bytes | None:
+    """The raw block from the parent chain of r's store (None: nowhere)."""
+    path = _PARENT_PATHS.get(r.store.path)
+    if path is None:
+        parent = parent_of(r)
+        path = _PARENT_PATHS[r.store.path] = parent[0] if parent else ""
+    if not path:
+        return None
+    try:
+        store = store_at(path)
+    except UserError:
+        log.warning("the parent store %s of %s cannot be read", path, r.store.path)
+        return None
+    return store.read(lambda p: p.get(BLOCKS, digest) or parent_block(p, digest))
+
+
+def forks_of(r: ReadTxn) -> dict[str, int]:
+    """The forks a store knows of: store path -> the checkpoint each forked from."""
+    return {k[len(FORK_KEY):].decode(errors="surrogateescape"): from_u64(v)
+            for k, v in r.prefix(META, FORK_KEY)}
 
 
 _WAY_OUT = ("run 'overlayckpt --store {path} recover' to salvage what can be read into a "
