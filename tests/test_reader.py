@@ -155,3 +155,20 @@ def test_a_reader_exits_with_its_daemon_killed(mounted: Mount) -> None:
     reader = one_reader(m)
     m.kill_daemon()
     wait_for(lambda: not proc_alive(reader) or _zombie_gone(reader), "the reader to exit")
+
+
+def test_a_change_deep_in_the_repo_is_found_by_a_process_that_looked_nothing_up(
+        repo: Path, mount_factory) -> None:
+    """A reader, or a daemon mounted anew, has looked up none of the repo's directories:
+    diff and log still find a file changed two directories down, with its line counts."""
+    deep = repo / "docs" / "deep"
+    deep.mkdir()
+    (deep / "notes.txt").write_text("".join(f"{i}\n" for i in range(100)))
+    m = mount_factory(repo)
+    subprocess.run(["sed", "-i", "s/^5$/five/", str(m.mnt / "docs" / "deep" / "notes.txt")], check=True)
+    for when in ("the daemon that served the edit", "a daemon mounted anew"):
+        assert m.cli("diff", "0", "--stat").stdout.split()[:4] == \
+            ["M", "docs/deep/notes.txt", "|", "+1"], when
+        assert "M docs/deep/notes.txt +1 -1" in m.cli("log", "--limit", "1").stdout, when
+        m.cli("unmount", str(m.mnt), "--no-apply")
+        run_cli("mount", str(repo), str(m.mnt), "--store", str(m.store))

@@ -25,8 +25,8 @@ from typing import Any
 
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline, _differing
-from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import Checkpoint, Node, pack_obj, u64, unpack_obj
+from overlayckpt.errors import UserError
+from overlayckpt.records import Checkpoint, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
 from overlayckpt.tables import (
     BMAP, CKPTS, CONV, CONV_HEAD_KEY, CONV_NEXT_KEY, DIRENTS, FORK_KEY, META, NEXT_INO_KEY, NODES,
@@ -136,33 +136,13 @@ def changes_between(tl: Timeline, ra: ReadTxn, a: Checkpoint | None, rb: ReadTxn
     file by file. Both are sessions of one repo: what neither changed is the repo's."""
     sa, sb = tl.state(ra, a), tl.state(rb, b)
     keys = set()
-    origins: set[bytes] = set()
     for table in LIVE_TABLES:
         for state, ck in ((ra, a), (rb, b)):
-            for k, v in entries_at(state, ck.seq if ck else None, table):
+            for k, _ in entries_at(state, ck.seq if ck else None, table):
                 keys.add((table, k))
-                if table == NODES:
-                    origins.add(Node.unpack(v).origin or b"")
-    _learn_lower_paths(tl, origins)
     differ, one_sided = _differing(sa.get, sb.get, keys)
     out = tl._file_changes(sa, sb, set(differ), one_sided, content=True)
     if only:
         wanted = [p.strip("/") for p in only]
         out = [c for c in out if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
     return out
-
-
-def _learn_lower_paths(tl: Timeline, origins: set[bytes]) -> None:
-    """The repo directories above the changed repo entries, by inode: the diff names a
-    directory it walks up to by its lower path (the overlay knows those it looked up,
-    and this overlay never looked up what the other session changed)."""
-    ov, done = tl.ov, {b""}
-    for origin in origins:
-        path = origin
-        while path not in done:
-            done.add(path)
-            try:
-                ov.ino_of_lower(ov.lower.stat(path, False), path)  # type: ignore[arg-type]
-            except FsError:
-                pass
-            path = path.rpartition(b"/")[0]

@@ -586,30 +586,40 @@ class Timeline:
             if t == DIRENTS:
                 out.setdefault(from_u64(k[:8]), set()).add(k[8:])
         listings: dict[tuple[int, int], dict[int, list[bytes]]] = {}
+        dirs: dict[bytes, int | None] = {b"": ROOT_INO}
         for state in (sa, sb):
             for ino in inos:
                 raw = state.get(NODES, u64(ino))
                 node = Node.unpack(raw) if raw else None
                 if node is not None and not node.is_dir and node.nlink > 1:
                     return None
-                for parent, name in self._names_of(state, ino, node, listings):
+                for parent, name in self._names_of(state, ino, node, listings, dirs):
                     out.setdefault(parent, set()).add(name)
         return out
 
     def _names_of(self, state: Any, ino: int, node: Node | None,
-                  listings: dict[tuple[int, int], dict[int, list[bytes]]]) -> list[tuple[int, bytes]]:
+                  listings: dict[tuple[int, int], dict[int, list[bytes]]],
+                  dirs: dict[bytes, int | None]) -> list[tuple[int, bytes]]:
         """Where ino may be named in state: its lower path (until it moves, a repo entry keeps
-        it), and the overlay entries of the directory its record names as its parent."""
+        it) with the name of every repo directory down to it (a process that never looked
+        them up, a reader or a new daemon, knows no other way to them), and the overlay
+        entries of the directory its record names as its parent."""
         out: list[tuple[int, bytes]] = []
         origin = node.origin if node is not None else self.ov.lower_paths.get(ino)
         if ino < FIRST_UPPER_INO and origin:
-            parent_path, _, base = origin.rpartition(b"/")
-            try:
-                parent = ROOT_INO if not parent_path else self.ov.ino_of_lower(
-                    self.ov.lower.stat(parent_path, False), parent_path)
-                out.append((parent, base))
-            except FsError:
-                pass
+            path = b""
+            parts = origin.split(b"/")
+            for depth, name in enumerate(parts, 1):
+                parent = dirs.get(path)
+                if parent is None:
+                    break
+                out.append((parent, name))
+                path = path + b"/" + name if path else name
+                if depth < len(parts) and path not in dirs:  # (once per directory and diff)
+                    try:
+                        dirs[path] = self.ov.ino_of_lower(self.ov.lower.stat(path, False), path)
+                    except FsError:
+                        dirs[path] = None
         hint = node.parent if node is not None else 0
         if hint:
             by_ino = listings.get((id(state), hint))
