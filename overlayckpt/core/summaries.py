@@ -21,8 +21,9 @@ TAIL = 64 * 1024  # of a file git appends to: the newest lines are what a checkp
 
 def is_internal(path: str) -> bool:
     """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
-    return (path.startswith(".git") and (len(path) == 4 or path[4] == "/")
-            or "/.git/" in path or path.endswith("/.git"))
+    return ".git" in path and (  # (the first test, in C, answers for almost every path)
+        path.startswith(".git") and (len(path) == 4 or path[4] == "/")
+        or "/.git/" in path or path.endswith("/.git"))
 
 
 class Files:
