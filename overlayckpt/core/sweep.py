@@ -47,17 +47,22 @@ def unnamed(r: ReadTxn) -> list[bytes]:
     # nlink 0: unlinked while open; its handle's release deletes it, not a sweep
     left = {key for key, raw in r.range_from(NODES, upper)
             if key not in named and Node.unpack(raw).nlink > 0}
-    inner = {child for parent in left for child in children.get(parent, ())}
-    order = [ino for ino in left if ino not in inner]  # then down from these
-    seen = set(order)
+    # each after every entry that names it is gone (a hard link may sit in two of them)
+    naming = dict.fromkeys(left, 0)
+    for parent in left:
+        for child in children.get(parent, ()):
+            if child in naming:
+                naming[child] += 1
+    order = [ino for ino, n in naming.items() if n == 0]
     i = 0
     while i < len(order):
         for child in children.get(order[i], ()):
-            if child in left and child not in seen:
-                seen.add(child)
-                order.append(child)
+            if child in naming:
+                naming[child] -= 1
+                if naming[child] == 0:
+                    order.append(child)
         i += 1
-    return order + sorted(left - seen)  # (none: entries form no loops)
+    return order + sorted(ino for ino, n in naming.items() if n > 0)  # (none: no loops)
 
 
 def _delete(w: WriteTxn, inodes: list[bytes]) -> int:

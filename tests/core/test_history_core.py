@@ -476,12 +476,17 @@ async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_
     for i in range(40):
         ov.write(ME, ov.create(ME, d if i % 2 else sub, b"f%d" % i, REG, 0, 0)[0], 0, b"x%d" % i * 3000)
     ov.rename(ME, ino(ov, "docs"), b"guide.txt", sub, b"moved-in", 0)  # a file of the repo, moved in
+    linked = ov.live(lambda r: ov.lookup(r, d, b"f1"))
+    ov.link(ME, linked, sub, b"f1-again")  # a hard link: named in two directories of the subtree
     made = tl.checkpoint("made", None, ME)
     after = tree_of(ov)
     nodes = session.store.read(lambda r: r.count(NODES))
     await tl.restore("before", ME)
     assert tree_of(ov) == start
-    assert len(unnamed_left(session)) == 42  # left as they were, unnamed
+    order = unnamed_left(session)
+    assert len(order) == 42  # left as they were, unnamed
+    # each after every directory that names it: no slice leaves an entry naming a missing record
+    assert order.index(u64(linked)) > max(order.index(u64(d)), order.index(u64(sub)))
     result = await thin(session.store, 1 << 40, then_gc=True)
     assert result["swept_inodes"] == 42, result
     assert session.store.read(lambda r: r.count(NODES)) < nodes - 40
