@@ -4,17 +4,19 @@ thread of the bench it would hold the bench process's GIL between the probe's sy
 calls, and the probe would time the bench's own waits for it.
 
 argv: a file that gets one byte per completed loop, then the commands as JSON
-([metric, argv] pairs; an argv that is {"ctl": path, "cmd": {...}} is written to a
+([metric, argv] pairs; an argv that is {"mount": path, "cmd": {...}} is written to the
 mount's control file from this process instead: the daemon's share of a command, without
 a client process starting each time)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
+
+from overlayckpt.cli.client import send
+from overlayckpt.errors import UserError
 
 
 def run(argv: list[str]) -> str | None:
@@ -24,24 +26,11 @@ def run(argv: list[str]) -> str | None:
 
 def ctl(spec: dict) -> str | None:
     """One command through the control file, as the CLI sends it; its error, if any."""
-    fd = os.open(spec["ctl"], os.O_RDWR)
     try:
-        os.write(fd, json.dumps(spec["cmd"]).encode() + b"\n")
-        chunks, offset = [], 0
-        while True:  # (as the CLI reads it: cli/client.py)
-            chunk = os.pread(fd, 1 << 20 if chunks else 16 << 10, offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-            if chunk.endswith(b"\n"):
-                break
-    except OSError as e:
-        return f"{e.strerror}"
-    finally:
-        os.close(fd)
-    reply = json.loads(b"".join(chunks).decode().strip().splitlines()[-1])
-    return None if reply.get("ok") else str(reply.get("error"))[-300:]
+        send(spec["mount"], spec["cmd"])
+    except UserError as e:
+        return str(e)[-300:]
+    return None
 
 
 def main() -> None:

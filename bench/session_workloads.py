@@ -239,12 +239,11 @@ class Stall(Workload):
         and printing its help, with no daemon in it (the client's share alone: on two cores
         its start-up competes with the probe and the daemon for the CPU)."""
         mnt = str(c.root)
-        ctl = str(c.root / ".overlayckpt" / "ctl")
         return [
             ("busy", [("stall_cmd_log", [c.exe, "log", "--limit", "5", "--mount", mnt]),
                       ("stall_cmd_diff_stat", [c.exe, "diff", self.base, head, "--stat", "--mount", mnt])]),
-            ("ctl", [("stall_ctl_cmd_log", {"ctl": ctl, "cmd": {"cmd": "log", "limit": 5}}),
-                     ("stall_ctl_cmd_diff_stat", {"ctl": ctl, "cmd": {"cmd": "diff", "a": _ref(self.base),
+            ("ctl", [("stall_ctl_cmd_log", {"mount": mnt, "cmd": {"cmd": "log", "limit": 5}}),
+                     ("stall_ctl_cmd_diff_stat", {"mount": mnt, "cmd": {"cmd": "diff", "a": _ref(self.base),
                                                                       "b": _ref(head), "stat": True}})]),
             ("start", [("stall_cmd_help", [c.exe, "--help"])]),
         ]

@@ -125,10 +125,15 @@ def default_store(repo: Path) -> Path:
     return Path(default_store_dir(str(repo)))
 
 
+@pytest.fixture
+def mnt(tmp_path: Path) -> Path:
+    out = tmp_path / "mnt"
+    out.mkdir()
+    return out
+
+
 def test_a_resumed_session_is_announced_and_new_starts_a_fresh_one(
-        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+        mnt: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
     first = default_store(repo)
     torn_down(mnt, first)
     torn_down(mnt, Path(f"{first}.2"))
@@ -168,9 +173,7 @@ def test_a_resumed_session_is_announced_and_new_starts_a_fresh_one(
 
 
 def test_drop_refuses_a_mounted_session_and_bad_input_changes_nothing(
-        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+        tmp_path: Path, mnt: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
     store = default_store(repo)
     torn_down(mnt, store)
     run_cli("mount", str(repo), str(mnt), env=env)
@@ -190,9 +193,7 @@ def test_drop_refuses_a_mounted_session_and_bad_input_changes_nothing(
 
 
 def test_a_store_made_before_sessions_were_numbered_is_session_1(
-        tmp_path: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+        mnt: Path, repo: Path, torn_down, env: dict[str, str]) -> None:
     store = default_store(repo)
     torn_down(mnt, store)
     run_cli("mount", str(repo), str(mnt), "--store", str(store), env=env)  # the old default path

@@ -23,10 +23,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from overlayckpt.core.conversation import chain
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline, _differing
 from overlayckpt.errors import UserError
-from overlayckpt.records import Checkpoint, pack_obj, u64, unpack_obj
+from overlayckpt.records import Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
 from overlayckpt.tables import (
     BMAP, CKPTS, CONV, CONV_HEAD_KEY, CONV_NEXT_KEY, DIRENTS, FORK_KEY, META, NEXT_INO_KEY, NODES,
@@ -109,16 +110,7 @@ def _put(dst: Store, table: bytes, batch: list[tuple[bytes, bytes]]) -> int:
 def _conversation(r: ReadTxn, head: int) -> list[tuple[bytes, bytes]]:
     """The live branch up to head, each line before the fork's journal (its _seq 0: the
     fork's own lines come after it, whatever the parent's journal position was)."""
-    out = []
-    key = head
-    while key:
-        raw = r.get(CONV, u64(key))
-        if raw is None:
-            break
-        entry = unpack_obj(raw)
-        out.append((u64(key), pack_obj({**entry, "_seq": 0})))
-        key = entry["_prev"]
-    return sorted(out)
+    return sorted((u64(key), pack_obj({**entry, "_seq": 0})) for key, entry in chain(r, head))
 
 
 def fork_info(r: ReadTxn) -> dict[str, Any]:

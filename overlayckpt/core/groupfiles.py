@@ -58,7 +58,7 @@ def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
         return []
     gone = GONE.encode()
     return [{"path": k[8:].decode("utf-8", "surrogateescape"), "change": v.decode()}
-            for k, v in r.prefix_list(GROUPFILES, u64(ck.start_seq)) if v != gone]
+            for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)) if v != gone]
 
 
 # -- thinning ------------------------------------------------------------------------

@@ -18,14 +18,16 @@ import trio
 
 from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
 from overlayckpt.core.workers import read_off_loop
-from overlayckpt.records import FIRST_UPPER_INO, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node, u64
+from overlayckpt.records import (
+    FIRST_UPPER_INO, TABLE_NAMES, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node, u64,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
-from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
+from overlayckpt.tables import DIRENTS, NODES
 
 SLICE_INODES = 500
 SWEEP_WINDOW = 3600.0  # seconds: the slices' records stay one group
 GC_CALLER = Caller(0, "gc")
-_BELOW = ((T_BMAP, BMAP), (T_XATTRS, XATTRS), (T_DIRENTS, DIRENTS))  # keys that begin with the inode
+_BELOW = (T_BMAP, T_XATTRS, T_DIRENTS)  # the tables whose keys begin with the inode
 
 
 def unnamed(r: ReadTxn) -> list[bytes]:
@@ -73,10 +75,10 @@ def _delete(w: WriteTxn, inodes: list[bytes]) -> int:
         if raw is None:
             continue
         undo.append((T_NODES, ino, raw))
-        for code, table in _BELOW:
-            undo += [(code, key, value) for key, value in w.prefix(table, ino)]
+        for code in _BELOW:
+            undo += [(code, key, value) for key, value in w.prefix(TABLE_NAMES[code], ino)]
     for code, key, _ in undo:
-        w.delete({T_NODES: NODES, T_BMAP: BMAP, T_XATTRS: XATTRS, T_DIRENTS: DIRENTS}[code], key)
+        w.delete(TABLE_NAMES[code], key)
     if undo:  # (one group for the whole sweep: sweep() closes it)
         append(w, GC_CALLER, "sweep", (), (), undo, window=SWEEP_WINDOW)
     return len(undo)
@@ -87,17 +89,20 @@ async def sweep(store: Store) -> dict[str, Any]:
     seq, order = await read_off_loop(store, lambda r: (next_seq(r), unnamed(r)))
     swept = keys = 0
     for lo in range(0, len(order), SLICE_INODES):
-        part = order[lo:lo + SLICE_INODES]
+        part, last = order[lo:lo + SLICE_INODES], lo + SLICE_INODES >= len(order)
 
-        def fn(w: WriteTxn, part: list[bytes] = part) -> tuple[int, int] | None:
+        def fn(w: WriteTxn, part: list[bytes] = part, last: bool = last) -> tuple[int, int] | None:
             if next_seq(w) != seq:
                 return None  # something changed since the scan: the next gc looks again
-            return _delete(w, part), next_seq(w)
-        done = store.write(fn)
-        if done is None:
+            done = _delete(w, part)
+            if last and keys + done:
+                close_open_group(w)
+            return done, next_seq(w)
+        result = store.write(fn)
+        if result is None:
+            if keys:  # (what was swept is a group of its own all the same)
+                store.write(close_open_group)
             break
-        swept, keys, seq = swept + len(part), keys + done[0], done[1]
+        swept, keys, seq = swept + len(part), keys + result[0], result[1]
         await trio.sleep(0)
-    if keys:
-        store.write(close_open_group)
     return {"swept_inodes": swept, "swept_keys": keys}

@@ -121,22 +121,34 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
             groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
 
 
+_UPPER = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
+
+
+def _unborn(table: bytes, key: bytes, value: bytes | None) -> bool:
+    """The record of an overlay inode that did not exist at the target."""
+    return table == NODES and value is None and key >= _UPPER
+
+
+def _left_alone(table: bytes, key: bytes, current: bytes | None, unborn: set[bytes]) -> bool:
+    """A key the restore leaves as it is: one of an unborn inode's, but for an entry in
+    such a directory that names an inode of the tree then (moved in since): that inode
+    gets its record then, which may be none (a repo file), and no entry names a missing
+    record."""
+    return key[:8] in unborn and not (table == DIRENTS and current not in (None, WHITEOUT)
+                                      and current not in unborn)
+
+
 def _unborn_left(rows: Rows) -> Rows:
     """rows without those of the overlay inodes that did not exist at the target, which
-    the restore leaves as they are: no name of the tree it puts back leads to them (each
-    of its directories gets its entries then), so writing the entries of the names that
-    led there is enough. A subtree created since the target goes with its one name, and
-    comes back with it (restore @before-last) the same way. Kept: the entries in such a
-    directory that name an inode of the tree then (moved in since): that inode gets its
-    record then, which may be none (a repo file), and no entry names a missing record."""
-    upper = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
-    unborn = {key for (table, key), (value, _, _) in rows.items()
-              if table == NODES and value is None and key >= upper}
+    the restore leaves as they are (_left_alone): no name of the tree it puts back leads
+    to them (each of its directories gets its entries then), so writing the entries of
+    the names that led there is enough. A subtree created since the target goes with its
+    one name, and comes back with it (restore @before-last) the same way."""
+    unborn = {key for (table, key), (value, _, _) in rows.items() if _unborn(table, key, value)}
     if not unborn:
         return rows
     return {(table, key): row for (table, key), row in rows.items()
-            if key[:8] not in unborn
-            or table == DIRENTS and row[1] not in (None, WHITEOUT) and row[1] not in unborn}
+            if not _left_alone(table, key, row[1], unborn)}
 
 
 def _rows_since(r: ReadTxn, seq: int) -> Rows:
@@ -144,13 +156,13 @@ def _rows_since(r: ReadTxn, seq: int) -> Rows:
     from now, less those _unborn_left leaves out, found without reading their versions
     (the records first: a directory unborn then had no entries)."""
     found = history.newest_since(r, seq)
-    node_code, upper, get = TABLE_CODES[NODES], u64(FIRST_UPPER_INO), r.get
+    node_code, get = TABLE_CODES[NODES], r.get
     unborn: set[bytes] = set()
     rows: Rows = {}
     for code, key, last in found:
         if code == node_code:
             value = history.value_then(r, code, key, seq)
-            if value is None and key >= upper:
+            if _unborn(NODES, key, value):
                 unborn.add(key)
                 continue
             current = get(NODES, key)
@@ -161,9 +173,9 @@ def _rows_since(r: ReadTxn, seq: int) -> Rows:
             continue
         table = TABLE_NAMES[code]
         if key[:8] in unborn:
-            if table == DIRENTS:
+            if table == DIRENTS:  # (only an entry may be kept: read it)
                 current = get(DIRENTS, key)
-                if current not in (None, WHITEOUT) and current not in unborn:
+                if not _left_alone(DIRENTS, key, current, unborn):
                     rows[(DIRENTS, key)] = (None, current, last)
             continue
         value = history.value_then(r, code, key, seq)

@@ -10,6 +10,7 @@ from typing import Any
 from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import Overlay
+from overlayckpt.records import ROOT_INO
 
 from conftest import make_repo
 
@@ -37,6 +38,27 @@ def node(ov: Overlay, path: str) -> Any:
 
 def content(ov: Overlay, path: str) -> bytes:
     return ov.live(lambda r: ov.read_all(r, ov.resolve(r, path)))
+
+
+def put(ov: Overlay, who: Caller, path: str, data: bytes, append: bool = False) -> None:
+    """path's content becomes data, or data is appended to it (the file and its
+    directories made where missing)."""
+    parent = ROOT_INO
+    parts = path.split("/")
+    for part in parts[:-1]:
+        try:
+            parent = ov.live(lambda r: ov.lookup(r, parent, part.encode()))
+        except FsError:
+            parent = ov.create(who, parent, part.encode(), stat.S_IFDIR | 0o755, 0, 0)[0]
+    try:
+        target = ino(ov, path)
+    except FsError:
+        target = ov.create(who, parent, parts[-1].encode(), stat.S_IFREG | 0o644, 0, 0)[0]
+    else:
+        if not append:
+            ov.setattr(who, target, size=0)
+    off = len(content(ov, path)) if append else 0
+    ov.write(who, target, off, data)
 
 
 def names(ov: Overlay, path: str = "") -> list[str]:

@@ -10,41 +10,25 @@ import pytest
 
 from overlayckpt.core.backout import _write, merge_lines, work_out
 from overlayckpt.core.conversation import live_lines
-from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import ROOT_INO
+from overlayckpt.errors import UserError
 from overlayckpt.service.session import Session
 from overlayckpt.core.timeline import Timeline
 
-from .helpers_core import ME, content, exists, ino, node, tree_of
+from .helpers_core import ME, content, exists, ino, node, put, tree_of
 from .test_checkpoints_core import KernelHooks, hooks  # noqa: F401  (the fixture)
 
-REG = stat.S_IFREG | 0o644
-DIR = stat.S_IFDIR | 0o755
 TEN = "".join(f"line {i}\n" for i in range(10)).encode()
 
 
-def put(s: Session, path: str, data: bytes) -> None:
-    """path's content becomes data (the file and its directories made where missing)."""
-    ov = s.overlay
-    parent = ROOT_INO
-    parts = path.split("/")
-    for part in parts[:-1]:
-        try:
-            parent = ov.live(lambda r: ov.lookup(r, parent, part.encode()))
-        except FsError:
-            parent = ov.create(ME, parent, part.encode(), DIR, 0, 0)[0]
-    try:
-        target = ino(ov, path)
-        ov.setattr(ME, target, size=0)
-    except FsError:
-        target = ov.create(ME, parent, parts[-1].encode(), REG, 0, 0)[0]
-    ov.write(ME, target, 0, data)
+def set_file(s: Session, path: str, data: bytes) -> None:
+    """step's form of helpers_core.put: path's content becomes data."""
+    put(s.overlay, ME, path, data)
 
 
 def edit_line(s: Session, path: str, n: int, text: str) -> None:
     lines = content(s.overlay, path).splitlines(keepends=True)
     lines[n] = text.encode() + b"\n"
-    put(s, path, b"".join(lines))
+    put(s.overlay, ME, path, b"".join(lines))
 
 
 def remove(s: Session, path: str) -> None:
@@ -92,7 +76,7 @@ async def refused(s: Session, cid: Any, *paths: str) -> str:
 @pytest.fixture
 def ten(session: Session) -> Session:
     """A session whose repo has notes.txt of ten numbered lines (added by a checkpoint)."""
-    step(session, (put, "notes.txt", TEN))
+    step(session, (set_file, "notes.txt", TEN))
     return session
 
 
@@ -162,7 +146,7 @@ async def test_backout_of_a_middle_checkpoint_keeps_later_edits_to_other_lines(
 async def test_a_file_still_as_the_checkpoint_left_it_gets_its_old_content(ten: Session) -> None:
     s = ten
     cid = step(s, (edit_line, "notes.txt", 0, "zero"), (edit_line, "notes.txt", 9, "nine"))
-    step(s, (put, "README.md", b"unrelated\n"))
+    step(s, (set_file, "README.md", b"unrelated\n"))
     await backout(s, cid)
     assert content(s.overlay, "notes.txt") == TEN
     assert content(s.overlay, "README.md") == b"unrelated\n"
@@ -171,7 +155,7 @@ async def test_a_file_still_as_the_checkpoint_left_it_gets_its_old_content(ten: 
 async def test_a_backout_already_undone_changes_nothing(ten: Session) -> None:
     s = ten
     cid = step(s, (edit_line, "notes.txt", 4, "four"))
-    step(s, (put, "notes.txt", TEN))  # put back by hand
+    step(s, (set_file, "notes.txt", TEN))  # put back by hand
     records = journal(s)
     assert (await backout(s, cid))["id"] is None
     assert journal(s) == records and content(s.overlay, "notes.txt") == TEN
@@ -203,7 +187,7 @@ async def test_a_later_edit_of_the_same_lines_is_a_conflict_with_both_sides(
 
 async def test_one_conflict_changes_no_other_file_either(ten: Session) -> None:
     s = ten
-    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (put, "README.md", b"by the checkpoint\n"))
+    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (set_file, "README.md", b"by the checkpoint\n"))
     step(s, (edit_line, "notes.txt", 2, "later"))
     message = await refused(s, cid)  # README.md alone could be backed out: it is not
     assert "README.md" not in message
@@ -212,23 +196,23 @@ async def test_one_conflict_changes_no_other_file_either(ten: Session) -> None:
 async def test_a_binary_file_changed_on_both_sides_is_a_conflict(session: Session) -> None:
     s = session
     data = content(s.overlay, "bin.dat")
-    cid = step(s, (put, "bin.dat", data[:100] + b"X" + data[101:]))
-    step(s, (put, "bin.dat", data[:100] + b"X" + data[101:-1] + b"Y"))
+    cid = step(s, (set_file, "bin.dat", data[:100] + b"X" + data[101:]))
+    step(s, (set_file, "bin.dat", data[:100] + b"X" + data[101:-1] + b"Y"))
     assert "bin.dat: a binary file" in await refused(s, cid)
 
 
 async def test_a_binary_file_changed_only_by_the_checkpoint_is_put_back(session: Session) -> None:
     s = session
     data = content(s.overlay, "bin.dat")
-    cid = step(s, (put, "bin.dat", data[:100] + b"X" + data[101:]))
+    cid = step(s, (set_file, "bin.dat", data[:100] + b"X" + data[101:]))
     await backout(s, cid)
     assert content(s.overlay, "bin.dat") == data
 
 
 async def test_a_created_file_changed_since_is_a_conflict(session: Session) -> None:
     s = session
-    cid = step(s, (put, "new.txt", b"one\n"))
-    step(s, (put, "new.txt", b"one\ntwo\n"))
+    cid = step(s, (set_file, "new.txt", b"one\n"))
+    step(s, (set_file, "new.txt", b"one\ntwo\n"))
     message = await refused(s, cid)
     assert "new.txt: checkpoint" in message and "from absent to a file of 4 bytes" in message
 
@@ -236,7 +220,7 @@ async def test_a_created_file_changed_since_is_a_conflict(session: Session) -> N
 async def test_a_deleted_file_made_again_differently_is_a_conflict(session: Session) -> None:
     s = session
     cid = step(s, (remove, "src/main.py"))
-    step(s, (put, "src/main.py", b"different\n"))
+    step(s, (set_file, "src/main.py", b"different\n"))
     assert "src/main.py: checkpoint" in await refused(s, cid)
 
 
@@ -250,7 +234,7 @@ async def test_bad_input_gets_one_line_and_changes_nothing(ten: Session) -> None
                              (cid, ("README.md",), f"checkpoint {cid} did not change README.md")]:
         message = await refused(s, ref, *paths)
         assert says in message and "\n" not in message
-    undone = step(s, (put, "README.md", b"for a while\n"), (put, "README.md", b"# demo\n\nhello\n"))
+    undone = step(s, (set_file, "README.md", b"for a while\n"), (set_file, "README.md", b"# demo\n\nhello\n"))
     assert "changed no files" in await refused(s, undone)
     with pytest.raises(UserError):
         await s.command({"cmd": "backout"})
@@ -283,8 +267,8 @@ async def test_what_is_written_while_it_is_worked_out_is_merged_too(ten: Session
 
 async def test_paths_limit_the_backout_to_those_files(ten: Session) -> None:
     s = ten
-    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (put, "src/pkg/util.py", b"changed\n"),
-               (put, "src/main.py", b"also\n"))
+    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (set_file, "src/pkg/util.py", b"changed\n"),
+               (set_file, "src/main.py", b"also\n"))
     result = await backout(s, cid, "src/pkg")
     assert result["files"] == [{"path": "src/pkg/util.py", "change": "M"}]
     assert content(s.overlay, "src/pkg/util.py") == b"def answer():\n    return 42\n"
@@ -294,7 +278,7 @@ async def test_paths_limit_the_backout_to_those_files(ten: Session) -> None:
 
 async def test_paths_skip_a_conflict_elsewhere(ten: Session) -> None:
     s = ten
-    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (put, "README.md", b"by it\n"))
+    cid = step(s, (edit_line, "notes.txt", 2, "middle"), (set_file, "README.md", b"by it\n"))
     step(s, (edit_line, "notes.txt", 2, "later"))
     await backout(s, cid, "README.md")
     assert content(s.overlay, "README.md") == b"# demo\n\nhello\n"
@@ -305,8 +289,8 @@ async def test_paths_skip_a_conflict_elsewhere(ten: Session) -> None:
 async def test_created_files_and_their_directories_go(session: Session) -> None:
     s = session
     before = tree_of(s.overlay)
-    cid = step(s, (put, "made/deep/new.txt", b"new\n"), (put, "src/extra.py", b"x = 1\n"))
-    step(s, (put, "made/kept.txt", b"later\n"))  # made/ has a later file: it stays
+    cid = step(s, (set_file, "made/deep/new.txt", b"new\n"), (set_file, "src/extra.py", b"x = 1\n"))
+    step(s, (set_file, "made/kept.txt", b"later\n"))  # made/ has a later file: it stays
     await backout(s, cid)
     after = tree_of(s.overlay)
     assert not exists(s.overlay, "made/deep") and not exists(s.overlay, "src/extra.py")
@@ -341,7 +325,7 @@ async def test_a_mode_change_is_undone_and_later_content_kept(session: Session) 
     s = session
     ov = s.overlay
     cid = step(s, (lambda s: ov.setattr(ME, ino(ov, "run.sh"), mode=0o600),))
-    step(s, (put, "run.sh", b"#!/bin/sh\necho later\n"))
+    step(s, (set_file, "run.sh", b"#!/bin/sh\necho later\n"))
     await backout(s, cid)
     assert stat.S_IMODE(node(ov, "run.sh").mode) == 0o755
     assert content(ov, "run.sh") == b"#!/bin/sh\necho later\n"
@@ -373,7 +357,7 @@ async def test_a_symlink_changed_since_is_a_conflict(session: Session) -> None:
 
 async def test_a_large_backout_lists_every_file_over_its_records(session: Session) -> None:
     s = session
-    cid = step(s, *[(put, f"many/f{i:03}.txt", b"x\n") for i in range(300)])
+    cid = step(s, *[(set_file, f"many/f{i:03}.txt", b"x\n") for i in range(300)])
     result = await backout(s, cid)
     assert len(result["files"]) == 300 and not exists(s.overlay, "many")
     ck = s.store.read(lambda r: Timeline(s.ctx).get(r, result["id"]))
@@ -384,7 +368,7 @@ async def test_a_large_backout_lists_every_file_over_its_records(session: Sessio
 
 async def test_git_internals_only_with_all_or_a_path(session: Session) -> None:
     s = session
-    cid = step(s, (put, ".git/HEAD", b"ref: refs/heads/other\n"))
+    cid = step(s, (set_file, ".git/HEAD", b"ref: refs/heads/other\n"))
     assert "changed only git's internals" in await refused(s, cid)
     await s.command({"cmd": "backout", "id": cid, "all": True})
     assert not exists(s.overlay, ".git")

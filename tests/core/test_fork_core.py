@@ -21,7 +21,7 @@ from overlayckpt.store.lmdbstore import WriteTxn
 from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, META, PARENT_KEY, PINNED
 
 from .helpers_core import ME, content, exists, tree_of
-from .test_backout_core import edit_line, put, remove
+from .test_backout_core import edit_line, remove, set_file
 
 BIG = os.urandom(1 << 20)  # incompressible: its blocks are what a store's size is made of
 
@@ -57,7 +57,7 @@ def family(open_session: Callable[..., Session], repo: Path, tmp_path: Path
 
 
 def test_fork_starts_at_the_checkpoint_and_edits_stay_apart(session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     edit_line(session, "docs/guide.txt", 5, "parent before")
     first = checkpoint(session)
     edit_line(session, "docs/guide.txt", 9, "parent after")
@@ -70,7 +70,7 @@ def test_fork_starts_at_the_checkpoint_and_edits_stay_apart(session: Session, fa
     assert blocks(f) == 0  # nothing copied: every block is read from the parent
     assert content(f.overlay, "big.bin") == BIG
     edit_line(f, "docs/guide.txt", 1, "fork")
-    put(f, "new.txt", b"fork only\n")
+    set_file(f, "new.txt", b"fork only\n")
     edit_line(session, "docs/guide.txt", 2, "parent again")
     assert not exists(session.overlay, "new.txt") and exists(f.overlay, "README.md")
     assert b"fork\n" not in content(session.overlay, "docs/guide.txt")
@@ -83,7 +83,7 @@ def test_fork_starts_at_the_checkpoint_and_edits_stay_apart(session: Session, fa
 
 def test_fork_of_live_makes_a_checkpoint_and_costs_the_changes_not_the_blocks(
         session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     parent_ck = Timeline(session.ctx).latest().id  # type: ignore[union-attr]
     f = family(session, None, "f1")
     newest = Timeline(session.ctx).latest()
@@ -93,9 +93,9 @@ def test_fork_of_live_makes_a_checkpoint_and_costs_the_changes_not_the_blocks(
 
 
 def test_fork_of_a_fork_reads_along_the_chain(session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     f1 = family(session, None, "f1")
-    put(f1, "f1.txt", b"from f1\n" * 1000)
+    set_file(f1, "f1.txt", b"from f1\n" * 1000)
     f2 = family(f1, None, "f2")
     assert content(f2.overlay, "big.bin") == BIG
     assert content(f2.overlay, "f1.txt") == b"from f1\n" * 1000
@@ -104,7 +104,7 @@ def test_fork_of_a_fork_reads_along_the_chain(session: Session, family: Any) -> 
 
 
 def test_parent_gc_keeps_what_forks_refer_to(session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     f1 = family(session, None, "f1")
     f2 = family(f1, None, "f2")
     remove(session, "big.bin")
@@ -136,7 +136,7 @@ def doomed_without_own_refs(s: Session) -> list[bytes]:
 
 def test_the_parent_lists_its_forks_and_forgets_a_dropped_one(session: Session, family: Any,
                                                               tmp_path: Path) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     family(session, None, "f1")
     assert run(session, {"cmd": "forks"}) == {"parent": None, "forks": {str(tmp_path / "f1"): 2}}
     assert run(session, {"cmd": "unfork", "store": str(tmp_path / "f1")})["forgot"]
@@ -149,7 +149,7 @@ def test_thinning_keeps_the_checkpoint_a_fork_started_from(session: Session, fam
     ids = []
     for i in range(6):
         edit_line(session, "docs/guide.txt", i, f"edit {i}")
-        put(session, f"f{i}.bin", os.urandom(8192))
+        set_file(session, f"f{i}.bin", os.urandom(8192))
         session.overlay.write(Caller(5000 + i, "x"), session.overlay.live(
             lambda r: session.overlay.resolve(r, "README.md")), 0, b"#")  # another writer
         ids.append(Timeline(session.ctx).latest().id)  # type: ignore[union-attr]
@@ -162,7 +162,7 @@ def test_thinning_keeps_the_checkpoint_a_fork_started_from(session: Session, fam
 
 
 def test_fsck_of_a_fork_finds_a_block_missing_from_the_chain(session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     f = family(session, None, "f1")
     assert fsck(f.store)["clean"]
     victim, raw = session.store.read(lambda r: next(iter(r.range_from(BLOCKS))))
@@ -174,15 +174,15 @@ def test_fsck_of_a_fork_finds_a_block_missing_from_the_chain(session: Session, f
 
 
 def test_diff_between_two_sessions_is_exact(session: Session, family: Any) -> None:
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     base = checkpoint(session)
     f1 = family(session, base, "f1")
     f2 = family(session, base, "f2")
     edit_line(f1, "docs/guide.txt", 3, "one")
-    put(f1, "only1.txt", b"one\n")
+    set_file(f1, "only1.txt", b"one\n")
     edit_line(f2, "docs/guide.txt", 3, "two")
     remove(f2, "bin.dat")
-    put(f2, "big.bin", BIG[:5000])
+    set_file(f2, "big.bin", BIG[:5000])
     tl = Timeline(f1.ctx)
     changes = f1.store.read(lambda ra: f2.store.read(
         lambda rb: changes_between(tl, ra, None, rb, None)))
@@ -213,7 +213,7 @@ def test_fork_into_an_existing_session_is_refused(session: Session, family: Any,
 def test_a_forks_bundle_stands_alone(session: Session, family: Any, open_session: Any,
                                      repo: Path, tmp_path: Path) -> None:
     from overlayckpt.export.importer import import_bundle
-    put(session, "big.bin", BIG)
+    set_file(session, "big.bin", BIG)
     f = family(session, None, "f1")
     edit_line(f, "docs/guide.txt", 1, "fork")
     expected = tree_of(f.overlay)
@@ -228,7 +228,7 @@ def test_a_forks_bundle_stands_alone(session: Session, family: Any, open_session
 def test_a_fork_keeps_the_conversation_up_to_its_checkpoint(session: Session, family: Any) -> None:
     from overlayckpt.core.conversation import live_lines
     session.conversation_append(b'{"role": "user", "content": "before"}')
-    put(session, "a.txt", b"a\n")
+    set_file(session, "a.txt", b"a\n")
     first = checkpoint(session)
     session.conversation_append(b'{"role": "user", "content": "after"}')
     f = family(session, first, "f1")

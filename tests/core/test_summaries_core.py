@@ -3,40 +3,18 @@ checkpoints left out unless asked for, pages. In process, over a real store; the
 with the real git in a mount is tests/test_git_timeline.py."""
 from __future__ import annotations
 
-import stat
 
 from overlayckpt.core.journal import Caller
-from overlayckpt.core.overlay import Overlay
 from overlayckpt.core.groupfiles import GONE, fold
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.errors import FsError
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
 
-from .helpers_core import ME, OTHER, content, ino
+from .helpers_core import ME, OTHER, put
 
 GIT = Caller(5151, "git")
-REG = stat.S_IFREG | 0o644
-DIR = stat.S_IFDIR | 0o755
 OLD, NEW = "1" * 40, "2" * 40
-
-
-def put(ov: Overlay, who: Caller, path: str, data: bytes, append: bool = False) -> None:
-    """Write path (creating its directories), or append to it."""
-    parent = ROOT_INO
-    parts = path.split("/")
-    for part in parts[:-1]:
-        try:
-            parent = ov.live(lambda r: ov.lookup(r, parent, part.encode()))
-        except FsError:
-            parent = ov.create(who, parent, part.encode(), DIR, 0, 0)[0]
-    try:
-        target = ino(ov, path)
-    except FsError:
-        target = ov.create(who, parent, parts[-1].encode(), REG, 0, 0)[0]
-    off = len(content(ov, path)) if append else 0
-    ov.write(who, target, off, data)
 
 
 def reflog(message: str) -> bytes:
