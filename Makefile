@@ -60,10 +60,12 @@ demo: install
 
 bench: install
 	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
+	$(PY) -m bench.projects
 	$(PY) -m bench.run --sizes 1000,10000,100000
 
 bench-quick: install
 	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
+	$(PY) -m bench.projects
 	$(PY) -m bench.run --sizes 1000,10000 --quick
 
 clean:

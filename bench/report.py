@@ -109,7 +109,35 @@ def _p(size: dict, metric: str, c: str, q: str = "p50_ns") -> float | None:
 
 
 def spec_checks(results: dict) -> list[tuple[str, str, str]]:
-    """(target, measured, verdict) for the SPEC section 6 targets that this run can judge."""
+    """(target, measured, verdict) for the SPEC section 6 targets that this run can judge, and
+    issue 19's for the real projects."""
+    return _size_checks(results) + _project_checks(results.get("projects"))
+
+
+PROJECT_TARGETS = [("build_c", "LuaJIT `make -j2`"), ("pytest_suite", "click's pytest suite")]
+
+
+def _project_checks(size: dict | None) -> list[tuple[str, str, str]]:
+    """Real build and test suite <= 1.2x native (issue 19), with fuse-overlayfs's ratio and the
+    daemon's CPU beside ours."""
+    if size is None:
+        return []
+    out = []
+    for m, what in PROJECT_TARGETS:
+        ours, native, fo = (_p(size, m, c) for c in ("overlayckpt", "native", "fuse-overlayfs"))
+        r = ours / native if ours is not None and native else None
+        theirs = f"; fuse-overlayfs {fmt_ratio(fo / native)}" if fo is not None and native else ""
+        cpu = {c: _p(size, f"{m}_daemon_cpu", c) for c in ("overlayckpt", "fuse-overlayfs")}
+        cpu_s = ", ".join(f"{c} {fmt_ns(v)}" for c, v in cpu.items() if v is not None)
+        measured = f"{fmt_ratio(r) or '–'}{theirs}" + (f" (daemon CPU per run: {cpu_s})" if cpu_s else "")
+        said = {line for lines in size.get(f"{m}_said", {}).values() for line in lines}
+        if len(said) > 1:
+            measured += f"; **the contenders' outputs differ**: {' / '.join(sorted(said))}"
+        out.append((f"{what} ≤ 1.2× native", measured, "n/a" if r is None else ("PASS" if r <= 1.2 else "FAIL")))
+    return out
+
+
+def _size_checks(results: dict) -> list[tuple[str, str, str]]:
     sizes = sorted(results["sizes"], key=int)
     if not sizes:
         return []
@@ -294,80 +322,88 @@ def markdown(results: dict) -> str:
         lines.append("")
     for size_key in sorted(results["sizes"], key=int):
         size = results["sizes"][size_key]
-        repo = size["repo"]
-        lines.append(f"## {int(size_key):,} files ({repo['bytes'] / 1e6:.0f} MB)")
-        lines.append("")
-        cont = size["contenders"]
-        names = sorted(cont, key=contender_key)
-        for n in names:
-            info = cont[n]
-            extra = f", setup {info['setup_s']:.1f} s" if info.get("setup_s") is not None else ""
-            reason = f": {info['reason']}" if info.get("reason") else ""
-            lines.append(f"- **{n}**: {info['status']}{extra}{reason}")
-        lines.append("")
-        metrics = size["metrics"]
-        ran = [n for n in names if any(n in per_c for per_c in metrics.values())]
-        if metrics:
-            lines.append("### p50 by workload")
-            lines.append("")
-            lines.append("| workload | " + " | ".join(ran) + " |")
-            lines.append("|---|" + "---:|" * len(ran))
-            for m in sorted(metrics, key=metric_key):
-                row = [fmt_ns(metrics[m][n]["p50_ns"]) if n in metrics[m] else "" for n in ran]
-                lines.append(f"| {m} | " + " | ".join(row) + " |")
-            lines.append("")
-            lines.append("### Detail")
-            lines.append("")
-            lines.append("| workload | contender | n | p50 | p90 | p99 | p50 ×native | p50 ×fuse-ovl | p99 ×fuse-ovl | p50 ×shadow-git |")
-            lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for m in sorted(metrics, key=metric_key):
-                for n in sorted(metrics[m], key=contender_key):
-                    st = metrics[m][n]
-                    lines.append(
-                        f"| {m} | {n} | {st['n']} | {fmt_ns(st['p50_ns'])} | {fmt_ns(st['p90_ns'])} | "
-                        f"{fmt_ns(st['p99_ns'])} | {fmt_ratio(st.get('ratio_native_p50'))} | "
-                        f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p50'))} | {fmt_ratio(st.get('ratio_fuse_overlayfs_p99'))} | "
-                        f"{fmt_ratio(st.get('ratio_shadow_git_p50'))} |")
-            lines.append("")
-        for c in sorted(size.get("stall", {}), key=contender_key):
-            lines += _stall_lines(size, c)
-        for c in sorted(size.get("long_session", {}), key=contender_key):
-            lines += _long_session_lines(size, c)
-        growth = size.get("store_growth", {})
-        if growth:
-            lines += ["### Store growth per edit (edit + checkpoint)", "",
-                      "| contender | edits | apparent bytes / edit | allocated bytes / edit | store size |",
-                      "|---|---:|---:|---:|---:|"]
-            for n in sorted(growth, key=contender_key):
-                g = growth[n]
-                lines.append(f"| {n} | {g['edits']} | {fmt_bytes(g['apparent_bytes_per_edit'])} | "
-                             f"{fmt_bytes(g['disk_bytes_per_edit'])} | {fmt_bytes(g['store_apparent_bytes'])} |")
-            lines.append("")
-        inc = size.get("store_incompressible", {})
-        if inc:
-            lines += ["### Store growth for 256 MiB of random bytes (allocated bytes / bytes written)", "",
-                      "| contender | runs | growth |", "|---|---:|---:|"]
-            lines += [f"| {n} | {len(inc[n])} | {' '.join(fmt_ratio(r) for r in inc[n])} |"
-                      for n in sorted(inc, key=contender_key)]
-            lines.append("")
-        hl = size.get("history_length", {})
-        ver = size.get("restore_verification", {})
-        notes = list(size.get("notes", []))
-        notes += [f"{n}: {note}" for n in names for note in cont[n].get("notes", [])]
-        for wname, per_c in hl.items():
-            notes.append(f"{wname}: history length before timing: "
-                         + ", ".join(f"{c} {n}" for c, n in sorted(per_c.items())))
-        for c, v in ver.items():
-            notes.append(f"restore verification ({c}): {v['ok']} ok, {v['failed']} FAILED")
-        ws = size.get("workload_seconds", {})
-        if ws:
-            notes.append("wall time per workload (all contenders): "
-                         + ", ".join(f"{k} {v:.0f} s" for k, v in ws.items()))
-        for e in size.get("workload_errors", []):
-            notes.append(f"ERROR {e['workload']} / {e['contender']}: {e['error']}")
-        if notes:
-            lines += ["### Notes", ""] + [f"- {n}" for n in notes] + [""]
+        lines += _section(f"{int(size_key):,} files ({size['repo']['bytes'] / 1e6:.0f} MB)", size)
+    if "projects" in results:
+        size = results["projects"]
+        lines += _section(f"Real projects: LuaJIT built with `make -j2`, click's pytest suite "
+                          f"({size['repo']['files']:,} files, {size['repo']['bytes'] / 1e6:.0f} MB)", size)
     return "\n".join(lines) + "\n"
+
+
+def _section(title: str, size: dict) -> list[str]:
+    """The tables and notes of one measured repo."""
+    lines = [f"## {title}", ""]
+    cont = size["contenders"]
+    names = sorted(cont, key=contender_key)
+    for n in names:
+        info = cont[n]
+        extra = f", setup {info['setup_s']:.1f} s" if info.get("setup_s") is not None else ""
+        reason = f": {info['reason']}" if info.get("reason") else ""
+        lines.append(f"- **{n}**: {info['status']}{extra}{reason}")
+    lines.append("")
+    metrics = size["metrics"]
+    ran = [n for n in names if any(n in per_c for per_c in metrics.values())]
+    if metrics:
+        lines.append("### p50 by workload")
+        lines.append("")
+        lines.append("| workload | " + " | ".join(ran) + " |")
+        lines.append("|---|" + "---:|" * len(ran))
+        for m in sorted(metrics, key=metric_key):
+            row = [fmt_ns(metrics[m][n]["p50_ns"]) if n in metrics[m] else "" for n in ran]
+            lines.append(f"| {m} | " + " | ".join(row) + " |")
+        lines.append("")
+        lines.append("### Detail")
+        lines.append("")
+        lines.append("| workload | contender | n | p50 | p90 | p99 | p50 ×native | p50 ×fuse-ovl | p99 ×fuse-ovl | p50 ×shadow-git |")
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for m in sorted(metrics, key=metric_key):
+            for n in sorted(metrics[m], key=contender_key):
+                st = metrics[m][n]
+                lines.append(
+                    f"| {m} | {n} | {st['n']} | {fmt_ns(st['p50_ns'])} | {fmt_ns(st['p90_ns'])} | "
+                    f"{fmt_ns(st['p99_ns'])} | {fmt_ratio(st.get('ratio_native_p50'))} | "
+                    f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p50'))} | {fmt_ratio(st.get('ratio_fuse_overlayfs_p99'))} | "
+                    f"{fmt_ratio(st.get('ratio_shadow_git_p50'))} |")
+        lines.append("")
+    for c in sorted(size.get("stall", {}), key=contender_key):
+        lines += _stall_lines(size, c)
+    for c in sorted(size.get("long_session", {}), key=contender_key):
+        lines += _long_session_lines(size, c)
+    growth = size.get("store_growth", {})
+    if growth:
+        lines += ["### Store growth per edit (edit + checkpoint)", "",
+                  "| contender | edits | apparent bytes / edit | allocated bytes / edit | store size |",
+                  "|---|---:|---:|---:|---:|"]
+        for n in sorted(growth, key=contender_key):
+            g = growth[n]
+            lines.append(f"| {n} | {g['edits']} | {fmt_bytes(g['apparent_bytes_per_edit'])} | "
+                         f"{fmt_bytes(g['disk_bytes_per_edit'])} | {fmt_bytes(g['store_apparent_bytes'])} |")
+        lines.append("")
+    inc = size.get("store_incompressible", {})
+    if inc:
+        lines += ["### Store growth for 256 MiB of random bytes (allocated bytes / bytes written)", "",
+                  "| contender | runs | growth |", "|---|---:|---:|"]
+        lines += [f"| {n} | {len(inc[n])} | {' '.join(fmt_ratio(r) for r in inc[n])} |"
+                  for n in sorted(inc, key=contender_key)]
+        lines.append("")
+    hl = size.get("history_length", {})
+    ver = size.get("restore_verification", {})
+    notes = list(size.get("notes", []))
+    notes += [f"{n}: {note}" for n in names for note in cont[n].get("notes", [])]
+    for wname, per_c in hl.items():
+        notes.append(f"{wname}: history length before timing: "
+                     + ", ".join(f"{c} {n}" for c, n in sorted(per_c.items())))
+    for c, v in ver.items():
+        notes.append(f"restore verification ({c}): {v['ok']} ok, {v['failed']} FAILED")
+    ws = size.get("workload_seconds", {})
+    if ws:
+        notes.append("wall time per workload (all contenders): "
+                     + ", ".join(f"{k} {v:.0f} s" for k, v in ws.items()))
+    for e in size.get("workload_errors", []):
+        notes.append(f"ERROR {e['workload']} / {e['contender']}: {e['error']}")
+    if notes:
+        lines += ["### Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return lines
 
 
 # --- plots ---------------------------------------------------------------------------------
@@ -438,7 +474,7 @@ def plots(results: dict, outdir: Path) -> list[Path]:
 
 def write_all(results: dict, outdir: Path, with_plots: bool = True) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
-    for size in results["sizes"].values():
+    for size in [*results["sizes"].values(), *([results["projects"]] if "projects" in results else [])]:
         add_ratios(size["metrics"])
     (outdir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (outdir / "results.md").write_text(markdown(results))

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from bench import report
 from bench.contenders import ALL, EXTRA, PROJECT_ROOT, Contender, force_unmount, mounts_under
-from bench.gen import WORK_DIR, ensure_repo
+from bench.gen import WORK_DIR, Repo, ensure_repo
+from bench.projects import ProjectsMissing, ensure_projects_repo
 from bench.workloads import Ctx, Samples, Workload, all_workloads, drop_caches
 
 log = logging.getLogger("bench")
@@ -251,14 +252,32 @@ def prime(c: Contender) -> None:
 
 def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads: list[Workload],
              can_drop: bool, progress: Progress, watchdog: Watchdog, size_res: dict) -> None:
-    """Measure one repo size into *size_res* (filled as we go, so an interrupt keeps what was measured)."""
+    """Measure one generated repo size into *size_res* (filled as we go, so an interrupt keeps
+    what was measured)."""
     progress.note(f"== {n_files:,} files ==")
     repo = ensure_repo(n_files, log=progress.note)
+    run_repo(repo, f"{n_files:,}", WORK_DIR / f"run-{n_files}", args, names,
+             [w for w in workloads if not w.only_projects], can_drop, progress, watchdog, size_res,
+             largest=n_files == max(args.sizes))
+
+
+def run_projects(args: argparse.Namespace, names: list[str], workloads: list[Workload], can_drop: bool,
+                 progress: Progress, watchdog: Watchdog, size_res: dict) -> None:
+    """Measure the real projects' build and test suite (bench/projects.py) into *size_res*."""
+    progress.note("== real projects ==")
+    repo = ensure_projects_repo(log=progress.note)
+    run_repo(repo, "projects", WORK_DIR / "run-projects", args, names,
+             [w for w in workloads if w.only_projects], can_drop, progress, watchdog, size_res,
+             largest=False, projects=True)
+
+
+def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, names: list[str],
+             workloads: list[Workload], can_drop: bool, progress: Progress, watchdog: Watchdog,
+             size_res: dict, largest: bool, projects: bool = False) -> None:
     size_res.update({
         "repo": {"files": len(repo.files), "bytes": repo.total_bytes, "path": str(repo.path)},
         "contenders": {}, "metrics": {}, "workload_errors": [], "notes": [], "workload_seconds": {},
     })
-    rundir = WORK_DIR / f"run-{n_files}"
     sweep_mounts(rundir, progress)
     if rundir.exists():
         if mounts_under(rundir):
@@ -270,7 +289,7 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
     dead: set[str] = set()
     try:
         for c in contenders:
-            progress.set(size=f"{n_files:,}", workload="(setup)", contender=c.name, round=0, rounds=0, done=0, total=0)
+            progress.set(size=label, workload="(setup)", contender=c.name, round=0, rounds=0, done=0, total=0)
             t0 = time.monotonic()
             watchdog.arm(c, args.batch_timeout)
             try:
@@ -286,7 +305,7 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
             finally:
                 watchdog.disarm()
         ctx = Ctx(repo=repo, quick=args.quick, history_lengths=tuple(args.history), can_drop_caches=can_drop,
-                  tick=progress.tick, largest=n_files == max(args.sizes), log=progress.note,
+                  tick=progress.tick, largest=largest, projects=projects, log=progress.note,
                   long_session=tuple(args.long_session), created_files=args.created_files)
         for w in workloads:
             run_workload(w, live, dead, ctx, size_res, progress, watchdog, args.batch_timeout)
@@ -299,7 +318,7 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
             size_res["notes"].append("target pool wrapped: some 'first' edits were repeats")
         size_res["notes"] += ctx.notes
     finally:
-        progress.note(f"  tearing down ({n_files:,} files)")
+        progress.note(f"  tearing down ({label})")
         for c in contenders:
             c.teardown()
             if c.notes:
@@ -389,15 +408,23 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = Watchdog(progress)
     rc = 0
     try:
-        for n in args.sizes:
+        for n in args.sizes if any(not w.only_projects for w in workloads) else []:
             size_res = results["sizes"][str(n)] = {}
             run_size(n, args, names, workloads, can_drop, progress, watchdog, size_res)
             results["meta"]["duration_s"] = time.monotonic() - t0
             report.write_all(results, args.out, with_plots=False)  # keep partial results
+        if any(w.only_projects for w in workloads):
+            try:
+                run_projects(args, names, workloads, can_drop, progress, watchdog, results.setdefault("projects", {}))
+            except ProjectsMissing as e:
+                skip(f"real projects skipped: {e}")
+                results.pop("projects", None)
     except KeyboardInterrupt as e:
         progress.note(f"interrupted ({e or 'SIGINT'}); writing what was measured")
         rc = 130
         results["sizes"] = {k: v for k, v in results["sizes"].items() if "repo" in v}
+        if "repo" not in results.get("projects", {}):
+            results.pop("projects", None)
     finally:
         sweep_mounts(WORK_DIR, progress)
     results["meta"]["duration_s"] = time.monotonic() - t0

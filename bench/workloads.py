@@ -97,6 +97,7 @@ class Ctx:
     can_drop_caches: bool
     tick: Callable[[int], None]
     largest: bool = True  # the run's largest repo size (the long workloads run there only)
+    projects: bool = False  # the real projects' repo (bench/projects.py), not a generated one
     long_session: tuple[int, int] = (20_000, 2_000)  # journal records, checkpoints
     created_files: int = 5_000  # long_session: files one loop creates before a restore across them
     log: Callable[[str], None] = print
@@ -153,6 +154,7 @@ class Workload:
 
     name = "base"
     only_checkpoint = False  # only contenders that checkpoint (shadow-git, overlayckpt)
+    only_projects = False  # only on the real projects' repo (bench/project_workloads.py)
     iterations = (1, 1)  # (quick, full) per contender
     rounds = (1, 1)
 
@@ -701,6 +703,7 @@ class HistoryLength(Workload):
 def all_workloads() -> list[Workload]:
     """Every workload, in the order they run (history ones last: they add checkpoints)."""
     from bench.fork_workloads import Fork  # (these build on this module)
+    from bench.project_workloads import project_workloads
     from bench.session_workloads import LongSession, Stall
     return [
         EditFirst(),
@@ -727,5 +730,6 @@ def all_workloads() -> list[Workload]:
         Fork(1),
         Stall(),
         LongSession(),
+        *project_workloads(),
     ]
 
