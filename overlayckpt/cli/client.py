@@ -4,11 +4,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
 
 from overlayckpt.errors import UserError
+
+DAEMON_EXIT_WAIT = 10.0  # seconds a daemon whose mount is gone may take to close its store
 
 
 def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +115,20 @@ def served_at(store_dir: str) -> str | None:
 def call_store(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
     """One command on the session in store_dir: through its daemon if one serves it."""
     mountpoint = served_at(store_dir)
-    return send(mountpoint, cmd) if mountpoint is not None else offline(store_dir, cmd)
+    if mountpoint is None:
+        return offline(store_dir, cmd)
+    try:
+        conn = Connection(mountpoint)
+    except UserError:
+        # unmounted a moment ago, its daemon still closing the store: once it has, open it here
+        deadline = time.monotonic() + DAEMON_EXIT_WAIT
+        while served_at(store_dir) is not None:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+        return offline(store_dir, cmd)
+    with conn:
+        return conn.call(cmd)
 
 
 def pid_alive(pid: int) -> bool:

@@ -32,7 +32,8 @@ from overlayckpt.tables import META, WRITE_BEHIND_KEY
 log = logging.getLogger(__name__)
 
 LOG_NAME = "behind.log"
-# more than twice kcache.MAX_BEHIND plus the largest write it takes (a quarter of that)
+# more than twice what may wait unstored (kcache.MAX_BEHIND, and the store's
+# MAX_DEFERRED_BYTES) plus the largest write C takes (a quarter of MAX_BEHIND)
 LOG_SIZE = 32 << 20
 HEADER = struct.Struct("=QQQII")
 WRAPPED = 0xFFFFFFFF

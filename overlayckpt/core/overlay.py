@@ -105,17 +105,26 @@ class Overlay(Tree):
     # -- plumbing -------------------------------------------------------------
 
     def _mutate(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> T:
+        return self.store.write(self._journaled(caller, op, fn))
+
+    def _journaled(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> Callable[[WriteTxn], T]:
+        """The transaction of one operation: fn, then its journal record."""
         def txn(w: WriteTxn) -> T:
             m = Mutation(w)
             result = fn(m)
             if m.undo:
                 append(w, caller, op, tuple(m.paths), tuple(m.changes), m.undo, self.window)
             return result
-        return self.store.write(txn)
+        return txn
 
     def live(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state (through a read transaction)."""
         return self.store.read(fn)  # type: ignore[arg-type]
+
+    def peek(self, fn: Callable[[Mutation], T]) -> T:
+        """Read the live state but for the writes deferred (write_later): for a read that
+        touches no inode they write, which the caller checks (Store.deferring)."""
+        return self.store.peek(fn)  # type: ignore[arg-type]
 
     def _own(self, m: Mutation, ino: int) -> Node:
         """The node record of ino, created from the lower entry if it has none yet."""
@@ -432,6 +441,16 @@ class Overlay(Tree):
     def write(self, caller: Caller, ino: int, off: int, data: bytes, *,
               logged: bytes | None = None) -> int:
         """logged: the write-behind log's position after this write (behind.py)."""
+        return self._mutate(caller, "write", self._write(ino, off, data, logged))
+
+    def write_later(self, caller: Caller, ino: int, off: int, data: bytes, logged: bytes,
+                    failed: Callable[[Exception], None]) -> None:
+        """A write its writer was told is done (write-behind), stored with the next write
+        transaction or when ino is read (Store.defer); failed(e) if it fails on its own."""
+        self.store.defer(self._journaled(caller, "write", self._write(ino, off, data, logged)), failed, ino,
+                         len(data))
+
+    def _write(self, ino: int, off: int, data: bytes, logged: bytes | None) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:
             node = self._own(m, ino)
             if not node.is_reg:
@@ -450,7 +469,7 @@ class Overlay(Tree):
             if logged is not None:
                 m.w.put(META, WRITE_BEHIND_KEY, logged)
             return len(data)
-        return self._mutate(caller, "write", fn)
+        return fn
 
 
 async def make_durable(store: Store) -> None:

@@ -72,6 +72,8 @@ def preload() -> None:
     lib.kcache_configure(CONTROL_INO_BASE)
     lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
     lib.kcache_warm_tree.argtypes = [ctypes.c_int]
+    lib.kcache_wait_queued.argtypes = [ctypes.c_long]
+    lib.kcache_wait_queued.restype = ctypes.c_int
     global _request_pid, _request_seq, _request_next
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
@@ -116,6 +118,11 @@ def speed_up_loop(pyfuse3: Any) -> None:
         return readable
 
     pyfuse3._wait_fuse_readable = wait_fuse_readable
+
+
+def requests_waiting() -> bool:
+    """Whether requests are queued for pyfuse3 (False without the library)."""
+    return _lib is not None and bool(_lib.kcache_wait_queued(0))
 
 
 def active() -> bool:

@@ -46,6 +46,8 @@ WRITEBACK = Caller(0, "writeback")
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+T = TypeVar("T")
+STORE_DEFERRED_TURNS = 8
 
 
 def translate_errors(fn: F) -> F:
@@ -212,6 +214,7 @@ class Operations(pyfuse3.Operations):
         self._behind_held = False  # write-behind paused until the disk has caught up
         self._behind_failed = False  # stopped for good: the store failed a write
         self._behind_fd: int | None = None  # the log, to turn write-behind on again
+        self._storing_soon = False  # _store_deferred_soon is on its way
 
     # -- helpers --------------------------------------------------------------
 
@@ -223,8 +226,13 @@ class Operations(pyfuse3.Operations):
 
     def _attrs(self, ino: int, node: Node | None = None) -> pyfuse3.EntryAttributes:
         if node is None:
-            node = self.ov.live(lambda r: self.ov.node(r, ino))
+            node = self._live_of(ino, lambda r: self.ov.node(r, ino))
         return entry_attrs(ino, node, self.ov.bs)
+
+    def _live_of(self, ino: int, fn: Callable[[Any], T]) -> T:
+        """fn on the live state, for a read of ino alone: the writes deferred to other
+        inodes (Overlay.write_later) change nothing it reads, so they stay deferred."""
+        return self.ov.live(fn) if self.ov.store.deferring(ino) else self.ov.peek(fn)
 
     def _file_handle(self, ino: int, ctx: pyfuse3.RequestContext) -> int:
         if self.kernel_handles:
@@ -264,7 +272,10 @@ class Operations(pyfuse3.Operations):
             ino = self.ov.lookup(r, parent_inode, name)
             return ino, self.ov.node(r, ino)
         try:
-            ino, node = self.ov.live(fn)
+            # writes deferred (write_later) change no name: only the inode found may differ
+            ino, node = self.ov.peek(fn)
+            if self.ov.store.deferring(ino):
+                ino, node = self.ov.live(fn)
         except FsError as e:
             if e.errno != errno.ENOENT:
                 raise
@@ -301,7 +312,7 @@ class Operations(pyfuse3.Operations):
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         if inode >= CONTROL_INO_BASE:
             return await self.ctl.readlink(inode)
-        return self.ov.live(lambda r: self.ov.readlink(r, inode, self.ov.node(r, inode)))
+        return self._live_of(inode, lambda r: self.ov.readlink(r, inode, self.ov.node(r, inode)))
 
     @translate_errors
     async def forget(self, inode_list: Any) -> None:
@@ -384,7 +395,7 @@ class Operations(pyfuse3.Operations):
             if h.control is not None:
                 return await self.ctl.read(h.control, off, size)
             ino = h.ino
-        return self.ov.live(lambda r: self.ov.read(r, ino, self.ov.node(r, ino), off, size))
+        return self._live_of(ino, lambda r: self.ov.read(r, ino, self.ov.node(r, ino), off, size))
 
     @translate_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -398,6 +409,7 @@ class Operations(pyfuse3.Operations):
             return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
         h = self.handles[fh]
         if h.control is not None:
+            self.ov.store.store_deferred()  # a command sees every write before it, off the loop too
             return await self.ctl.write(h.control, off, buf)
         await self._keep_up()
         return self.ov.write(h.caller, h.ino, off, buf)
@@ -422,13 +434,13 @@ class Operations(pyfuse3.Operations):
 
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
                             logged: tuple[int, int]) -> int:
-        """Store a write whose writer was told it is done (see _kcache.c): a failure
-        can only be kept for the file's next fsync, as a native file system does."""
+        """Store a write whose writer was told it is done (see _kcache.c), with the next
+        write transaction or soon after (Overlay.write_later): a failure can only be kept
+        for the file's next fsync, as a native file system does."""
         done = behind.pack_position(*logged)
         self._hold_write_behind()
-        try:
-            return self.ov.write(caller, ino, off, buf, logged=done)
-        except Exception as e:
+
+        def failed(e: Exception) -> None:
             err = e.errno if isinstance(e, FsError) else errno.EIO
             log.error("a write of %d bytes at %d to inode %d failed after it was acknowledged "
                       "(%s); the file's next fsync reports it", len(buf), off, ino,
@@ -443,8 +455,29 @@ class Operations(pyfuse3.Operations):
                 # for its own answer; a file a restore removed concerns that file only
                 kcache.stop_write_behind()
                 self._behind_failed = True
-            await self.invalidate([ino], [])  # the kernel's pages hold what was not stored
-            return len(buf)
+            # the kernel's pages hold what was not stored
+            trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
+
+        self.ov.write_later(caller, ino, off, buf, done, failed)
+        if not self._storing_soon:
+            self._storing_soon = True
+            trio.lowlevel.spawn_system_task(self._store_deferred_soon)
+        return len(buf)
+
+    async def _store_deferred_soon(self) -> None:
+        """Commit the deferred writes once no request waits (those queued may add to them),
+        or after a few turns of the loop: its tasks may all be waiting on something else."""
+        try:
+            for _ in range(STORE_DEFERRED_TURNS):
+                if not (kcache.requests_waiting() and self.ov.store.deferred()):
+                    break
+                await trio.sleep(0)
+        finally:
+            self._storing_soon = False
+            try:
+                self.ov.store.store_deferred()
+            except Exception:  # noqa: BLE001 - each write's own failure is handled; not this
+                log.exception("storing deferred writes failed")
 
     @translate_errors
     async def flush(self, fh: int) -> None:
@@ -537,13 +570,13 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if inode >= CONTROL_INO_BASE or name == CAPABILITY_XATTR:
             raise FsError(errno.ENODATA)
-        return self.ov.live(lambda r: self.ov.getxattr(r, inode, self.ov.node(r, inode), name))
+        return self._live_of(inode, lambda r: self.ov.getxattr(r, inode, self.ov.node(r, inode), name))
 
     @translate_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         if inode >= CONTROL_INO_BASE:
             return []
-        names = self.ov.live(lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode)))
+        names = self._live_of(inode, lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode)))
         return [n for n in names if n != CAPABILITY_XATTR]  # never served (see _kcache.c)
 
     @translate_errors

@@ -71,6 +71,10 @@ AUTO_POINT_PAGES = 512
 # A writer that has grown the file by this many pages while a sync point is under way
 # waits for it (rather than growing the store with pages it cannot reuse yet)
 AHEAD_PAGES = 4 * AUTO_POINT_PAGES
+MAX_DEFERRED = 64  # deferred writes committed together at most (see Store.defer)
+# and their bytes: the write-behind log holds them until they are stored, beside the
+# writes C has acknowledged and Python not yet taken (behind.py's LOG_SIZE)
+MAX_DEFERRED_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +262,7 @@ class Store:
     # a server that answers many requests on one thread turns this off and waits, off that
     # thread, in the request that writes (overlay.keep_up)
     writes_wait = True
+    _deferring_thread: int | None = None  # (none in a ReaderStore: it never defers)
 
     def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
                  new: bool, cache_lost: bool, last: synced.Record | None) -> None:
@@ -317,6 +322,9 @@ class Store:
         self._point_pages = 0  # the file's pages when the last sync point began
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._auto: Future[None] | None = None  # the automatic sync point under way
+        # writes stored with the next write transaction (defer), and the thread of that writer
+        self._deferred: list[tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int]] = []
+        self._deferred_bytes = 0
         if new:
             synced.fsync_dir(path)  # data.mdb and lock.mdb themselves
         self.sync()  # this incarnation's baseline: a crash from now on rolls back no further
@@ -373,6 +381,7 @@ class Store:
 
     def close(self) -> None:
         _OPEN.pop(os.path.realpath(self.path), None)
+        self.store_deferred()
         self._finish_auto(wait=True)
         self._flusher.shutdown()
         point = self.sync_begin()
@@ -388,11 +397,19 @@ class Store:
             self.lock_fd = None
 
     def read(self, fn: Callable[[ReadTxn], T]) -> T:
+        """fn on the newest state, deferred writes included when read on their writer's thread."""
+        self._store_deferred_here()
+        return self.peek(fn)
+
+    def peek(self, fn: Callable[[ReadTxn], T]) -> T:
+        """fn on the committed state, without the deferred writes: only for a read that
+        touches none of their tags (see deferring)."""
         with self.env.begin(buffers=False) as txn:
             return fn(ReadTxn(self, txn))
 
     def begin_read(self) -> ReadTxn:
         """A long-lived read view (caller must call end_read)."""
+        self._store_deferred_here()
         self._long_reads += 1
         return ReadTxn(self, self.env.begin(buffers=False))
 
@@ -405,7 +422,7 @@ class Store:
 
         fn must have no effect outside the transaction, since it may run twice.
         """
-        result = self._commit(fn)
+        result = self._commit_with_deferred(fn) if self._deferred_here() else self._commit(fn)
         self._since_point += 1
         grown = self._grown()
         # a writer faster than the disk waits for it, rather than growing the store
@@ -416,6 +433,70 @@ class Store:
             if point is not None:
                 self._auto = self._flusher.submit(self.sync_flush, point)
         return result
+
+    # -- deferred writes -------------------------------------------------------------
+    #
+    # A write whose writer was told it is done already (write-behind, fuse/csrc/behind.c)
+    # need not commit on its own: it is in the write-behind log, which a restart replays.
+    # Deferred, it commits with the next write transaction of its thread, before what
+    # that does, or when that thread reads, syncs or stores them (store_deferred): one
+    # commit for several writes, or for a write and the create or rename after it.
+
+    def defer(self, fn: Callable[[WriteTxn], object], failed: Callable[[Exception], None],
+              tag: int, size: int) -> None:
+        """Run fn before the next write transaction of this thread. failed(e): fn failed on
+        its own. tag: what fn changes (an inode), for deferring; size: its bytes."""
+        self._deferring_thread = threading.get_ident()
+        self._deferred.append((fn, failed, tag))
+        self._deferred_bytes += size
+        if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
+            self.store_deferred()
+
+    def deferring(self, tag: int) -> bool:
+        """Whether a deferred write has that tag."""
+        return any(t == tag for _, _, t in self._deferred)
+
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+    def store_deferred(self) -> None:
+        """Commit the deferred writes now: together, or each on its own if that fails."""
+        if not self._deferred:
+            return
+        taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        try:
+            self._commit(lambda w: [fn(w) for fn, _, _ in taken])
+        except Exception:  # noqa: BLE001 - one of them failed: it alone must
+            self._commit_each(taken)
+        self._since_point += 1
+
+    def _deferred_here(self) -> bool:
+        return self._deferring_thread == threading.get_ident() and bool(self._deferred)
+
+    def _store_deferred_here(self) -> None:
+        if self._deferred_here():
+            self.store_deferred()
+
+    def _commit_with_deferred(self, fn: Callable[[WriteTxn], T]) -> T:
+        taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
+
+        def both(w: WriteTxn) -> T:
+            for deferred_fn, _, _ in taken:
+                deferred_fn(w)
+            return fn(w)
+        try:
+            return self._commit(both)
+        except Exception:  # noqa: BLE001 - then each on its own: only what failed fails
+            self._commit_each(taken)
+        return self._commit(fn)
+
+    def _commit_each(self, taken: list[tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int]]
+                     ) -> None:
+        for fn, failed, _ in taken:
+            try:
+                self._commit(fn)
+            except Exception as e:  # noqa: BLE001 - the writer was answered: it is told later
+                failed(e)
 
     def _grown(self) -> int:
         return self.env.info()["last_pgno"] - self._point_pages
@@ -492,6 +573,7 @@ class Store:
 
     def sync_begin(self) -> SyncPoint | None:
         """Pin the newest snapshot (writer's thread); None if it is already durable."""
+        self._store_deferred_here()
         self._since_point = 0
         self._point_pages = self.env.info()["last_pgno"]
         txn = self.env.begin(buffers=False)

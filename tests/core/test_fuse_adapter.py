@@ -30,12 +30,15 @@ class FakeCore:
     def __init__(self, exc: BaseException | None = None, value: Any = None) -> None:
         self.exc, self.value = exc, value
         self.parents: dict[int, tuple[int, bytes]] = {}
-        # a store never ahead of its disk: no write waits (keep_up)
-        self.store = SimpleNamespace(writes_wait=True, too_far_ahead=lambda: False)
+        # a store never ahead of its disk (no write waits: keep_up), with no deferred writes
+        self.store = SimpleNamespace(writes_wait=True, too_far_ahead=lambda: False,
+                                     deferring=lambda ino: False, store_deferred=lambda: None)
         self.calls: list[tuple[str, tuple]] = []
 
     def live(self, fn: Any) -> Any:
         return fn(None)  # the state argument: the fake's methods ignore it
+
+    peek = live
 
     def __getattr__(self, name: str) -> Any:
         def method(*args: Any, **kwargs: Any) -> Any:
