@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol
@@ -37,6 +38,9 @@ def node_from_stat(st: os.stat_result, origin: bytes) -> Node:
                 origin, st.st_size if stat.S_ISREG(st.st_mode) else 0, 0, None)
 
 
+_dir_ino = struct.Struct(">Q").unpack_from  # the directory's ino at the start of an `at` value
+
+
 class LowerPaths:
     """ino -> lower path of every lower entry seen. Facts about the immutable lower, valid in
     every state: an entry the overlay moved is still where it was in the lower.
@@ -55,20 +59,18 @@ class LowerPaths:
         self.dir_inos: dict[bytes, int] = {b"": ROOT_INO}  # directory path -> ino
 
     def get(self, ino: int) -> bytes | None:
-        path = self.whole.get(ino)
-        if path is not None:
-            return path
         raw = self.at.get(ino)
-        return None if raw is None else join(self.whole[from_u64(raw[:8])], raw[8:])
+        if raw is None:
+            return self.whole.get(ino)
+        base = self.whole[_dir_ino(raw)[0]]  # (once per node of a lower file: no slice)
+        return base + b"/" + raw[8:] if base else raw[8:]
 
     def __contains__(self, ino: int) -> bool:
         return ino in self.at or ino in self.whole
 
     def items(self) -> Iterator[tuple[int, bytes]]:
-        yield from self.whole.items()
-        for ino, raw in self.at.items():
-            if ino not in self.whole:
-                yield ino, join(self.whole[from_u64(raw[:8])], raw[8:])
+        for ino in self.whole.keys() | self.at.keys():
+            yield ino, self.get(ino) or b""
 
 
 class Parents:
