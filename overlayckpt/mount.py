@@ -174,8 +174,10 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         pyfuse3.close(unmount=True)
         result: dict[str, Any] = {"applied": False}
         try:
-            # after a signal, pyfuse3's loop stops before the queue is empty, and C
-            # acknowledged writes until the unmount: they are in the log only
+            # the writes Python took and deferred first (Store.defer), then, after a
+            # signal, those still queued: pyfuse3's loop stops before the queue is empty,
+            # and C acknowledged writes until the unmount; they are in the log only
+            session.store.store_deferred()
             behind.recover(session.overlay, store_dir)
             if session.apply_on_exit:
                 result = {"applied": True, **apply_live(session.ctx)}
