@@ -129,13 +129,10 @@ def _unborn(table: bytes, key: bytes, value: bytes | None) -> bool:
     return table == NODES and value is None and key >= _UPPER
 
 
-def _left_alone(table: bytes, key: bytes, current: bytes | None, unborn: set[bytes]) -> bool:
-    """A key the restore leaves as it is: one of an unborn inode's, but for an entry in
-    such a directory that names an inode of the tree then (moved in since): that inode
-    gets its record then, which may be none (a repo file), and no entry names a missing
-    record."""
-    return key[:8] in unborn and not (table == DIRENTS and current not in (None, WHITEOUT)
-                                      and current not in unborn)
+def _left_alone(key: bytes, unborn: set[bytes]) -> bool:
+    """A key the restore leaves as it is: one of an unborn inode's, its entries too (no name
+    of the tree it puts back leads there: fsck and gc judge an entry by whether one does)."""
+    return key[:8] in unborn
 
 
 def _unborn_left(rows: Rows) -> Rows:
@@ -148,19 +145,21 @@ def _unborn_left(rows: Rows) -> Rows:
     if not unborn:
         return rows
     return {(table, key): row for (table, key), row in rows.items()
-            if not _left_alone(table, key, row[1], unborn)}
+            if not _left_alone(key, unborn)}
 
 
-def _rows_since(r: ReadTxn, seq: int) -> Rows:
+def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
-    from now, less those _unborn_left leaves out, found without reading their versions
-    (the records first: a directory unborn then had no entries)."""
+    from now, less those _unborn_left leaves out, found without reading their versions:
+    an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
+    and the others are known from their node records, read first."""
     found = history.newest_since(r, seq)
     node_code, get = TABLE_CODES[NODES], r.get
+    born_below = u64(next_ino) if next_ino else b"\xff" * 8
     unborn: set[bytes] = set()
     rows: Rows = {}
     for code, key, last in found:
-        if code == node_code:
+        if code == node_code and key < born_below:
             value = history.value_then(r, code, key, seq)
             if _unborn(NODES, key, value):
                 unborn.add(key)
@@ -169,15 +168,9 @@ def _rows_since(r: ReadTxn, seq: int) -> Rows:
             if current != value:
                 rows[(NODES, key)] = (value, current, last)
     for code, key, last in found:
-        if code == node_code:
+        if code == node_code or key >= born_below or key[:8] in unborn:
             continue
         table = TABLE_NAMES[code]
-        if key[:8] in unborn:
-            if table == DIRENTS:  # (only an entry may be kept: read it)
-                current = get(DIRENTS, key)
-                if not _left_alone(DIRENTS, key, current, unborn):
-                    rows[(DIRENTS, key)] = (None, current, last)
-            continue
         value = history.value_then(r, code, key, seq)
         current = get(table, key)
         if current != value:
@@ -391,7 +384,7 @@ class Timeline:
         warnings: list[str] = []
         rows: Rows = {}
         if code and paths is None:
-            rows = _rows_since(r, target.seq)
+            rows = _rows_since(r, target.seq, target.next_ino)
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}

@@ -439,8 +439,10 @@ async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Sessio
 
 async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
         open_session: Callable[..., Session], repo: Path) -> None:
-    """_rows_since skips reading the versions of unborn inodes' keys: it must find exactly
-    the rows that reading all of them and leaving out the unborn ones (_unborn_left) gives."""
+    """_rows_since skips reading the versions of unborn inodes' keys (those numbered from
+    the checkpoint's inode counter on, without a read): it must find exactly the rows that
+    reading all of them and leaving out the unborn ones (_unborn_left) gives, with the
+    counter and without it (a checkpoint from before format 4)."""
     from overlayckpt.core.timeline import TABLE_NAMES, _rows_since, _unborn_left
     for seed in (3, 11):
         s = open_session(repo, store=repo.parent / f"store-{seed}")
@@ -454,12 +456,16 @@ async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
                 if current != value:
                     rows[(TABLE_NAMES[c], key)] = (value, current, last)
             return rows
-        left_out = 0
+        left_out = by_number = 0
         for ck in s.store.read(tl.all):
-            got, rows = s.store.read(lambda r: (_rows_since(r, ck.seq), full(r, ck.seq)))
-            assert got == _unborn_left(rows), (seed, ck.id)
+            assert ck.next_ino >= 1 << 48, ck  # (every checkpoint of format 4 has one)
+            got, blind, rows = s.store.read(lambda r: (
+                _rows_since(r, ck.seq, ck.next_ino), _rows_since(r, ck.seq), full(r, ck.seq)))
+            assert got == blind == _unborn_left(rows), (seed, ck.id)
             left_out += len(rows) > len(got)
+            by_number += any(from_u64(k[:8]) >= ck.next_ino for _, k in rows)
         assert left_out, "no restore had rows to leave out: the test tests nothing"
+        assert by_number, "no inode was unborn by its number: the counter went untested"
 
 
 async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_shows_it(
