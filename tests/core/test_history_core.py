@@ -1,8 +1,9 @@
 """The history index against what it replaces: every checkpoint's tree, recorded when it was
 made, must be what the index shows later, after more groups, restores and thinning; the diff
-between any two checkpoints must be what their recorded trees say; a format 1 store (no
-index) is upgraded at open to the same answers; and fsck (run at every teardown) finds the
-stored index equal to the one the journal implies."""
+between any two checkpoints must be what their recorded trees say; a store of an older
+format (no index, no file rows, no inode counters) is upgraded at open to the same
+answers; and fsck (run at every teardown) finds the stored index equal to the one the
+journal implies."""
 from __future__ import annotations
 
 import random
@@ -18,10 +19,10 @@ from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, u64
+from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
 from overlayckpt.tables import (
-    CHANGED, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY,
+    CHANGED, CKPTS, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY,
 )
 
 from .helpers_core import ME, OTHER, ino, tree_of
@@ -233,7 +234,7 @@ async def test_a_restore_merged_by_thinning_before_its_list_lists_nothing(
     assert session.store.read(lambda r: [k for k, _ in r.prefix(META, b"restore_files/")]) == []
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         repo: Path, tmp_path: Path, old: int) -> None:
     store = str(tmp_path / "old")
@@ -243,15 +244,18 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         before = _trees(s), _files(s)
     finally:
         s.close()
-    # make it what format 1 or 2 left: without the tables and keys that came after
-    gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,)
+    # make it what format 1, 2 or 3 left: without the tables and keys that came after, and
+    # checkpoints without their inode counter
+    gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,) if old == 2 else ()
     env = lmdb.open(store, max_dbs=32, map_size=1 << 30)
     with env.begin(write=True) as txn:
-        meta = env.open_db(META, txn=txn)
+        meta, ckpts = env.open_db(META, txn=txn), env.open_db(CKPTS, txn=txn)
         for name in gone:
             txn.drop(env.open_db(name, txn=txn), delete=True)
-        for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,):
+        for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,) if old == 2 else ():
             txn.delete(key, db=meta)
+        for key, value in list(txn.cursor(db=ckpts)):
+            txn.put(key, pack_obj(unpack_obj(value)[:10]), db=ckpts)
         txn.put(FORMAT_KEY, u64(old), db=meta)
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
@@ -260,6 +264,15 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
                                        groupfiles.is_built(r))) == (FORMAT_VERSION, True, True)
         assert (_trees(s), _files(s)) == before
         assert s.store.read(lambda r: (r.count(CHANGED), r.count(GROUPFILES))) > (0, 0)
+        assert fsck(s.store)["clean"]
+        # a restore to a checkpoint without a counter reads what it skipped by number
+        tl = Timeline(s)
+        cks = s.store.read(tl.all)
+        assert {ck.next_ino for ck in cks} == {0}
+        for ck in random.Random(old).sample(cks, 8):
+            await tl.restore(ck.id, ME)
+            assert tree_of(s.overlay) == before[0][ck.id], ck.id
+        assert s.store.read(tl.all)[-1].next_ino >= 1 << 48  # (the restore's own: format 4)
         assert fsck(s.store)["clean"]
     finally:
         s.close()
