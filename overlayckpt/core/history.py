@@ -182,9 +182,14 @@ def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
         yield k[8], k[9:-1]
 
 
-def newest_since(r: ReadTxn, seq: int) -> list[tuple[int, bytes, bytes]]:
-    """(code, key, seq of its newest version) of every key changed at or after seq."""
-    return [(k[8], k[9:-1], k[:8]) for k, _ in r.range_from(CHANGED, u64(seq))]
+def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[int, bytes, bytes]]:
+    """(code, key, seq of its newest version) of every key changed at or after seq, but
+    for the keys of the inodes numbered from below on (0: none left out). Every key begins
+    with its inode, so those are left out by a byte compare, before any tuple is made."""
+    if not below:
+        return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq))]
+    limit = u64(below)
+    return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq)) if k[9:17] < limit]
 
 
 def value_then(r: ReadTxn, code: int, key: bytes, seq: int) -> bytes | None:

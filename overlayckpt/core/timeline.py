@@ -153,13 +153,12 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     from now, less those _unborn_left leaves out, found without reading their versions:
     an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
     and the others are known from their node records, read first."""
-    found = history.newest_since(r, seq)
+    found = history.newest_since(r, seq, next_ino)
     node_code, get = TABLE_CODES[NODES], r.get
-    born_below = u64(next_ino) if next_ino else b"\xff" * 8
     unborn: set[bytes] = set()
     rows: Rows = {}
     for code, key, last in found:
-        if code == node_code and key < born_below:
+        if code == node_code:
             value = history.value_then(r, code, key, seq)
             if _unborn(NODES, key, value):
                 unborn.add(key)
@@ -168,7 +167,7 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
             if current != value:
                 rows[(NODES, key)] = (value, current, last)
     for code, key, last in found:
-        if code == node_code or key >= born_below or key[:8] in unborn:
+        if code == node_code or key[:8] in unborn:
             continue
         table = TABLE_NAMES[code]
         value = history.value_then(r, code, key, seq)

@@ -132,6 +132,11 @@ class ReadTxn:
                 return
             yield from _wholes(table, cur.iternext())
 
+    def keys_from(self, table: bytes, start: bytes) -> Iterator[bytes]:
+        """Keys >= start ascending, without their values (not of BLOCKS: split keys)."""
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        return cur.iternext(values=False) if cur.set_range(start) else iter(())
+
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
