@@ -8,8 +8,9 @@ journal in between nor the size of the repo. Restore writes the values then
 into the live tables, journaled (itself undoable) as records of a few KB that
 make a group of their own, and a `restore` checkpoint, then drops the kernel's
 caches of the inodes and names it changed. The inodes made since the target it
-leaves as they are, unnamed (_unborn_left): a subtree goes and comes back with
-its one entry, whatever it holds; gc sweeps what stays unnamed (sweep.py). The files it adds, modifies and
+leaves as they are, unnamed (_unborn_left), known by number from the target's
+inode counter on: a subtree goes and comes back with its one entry, whatever it
+holds; gc sweeps what stays unnamed (sweep.py). The files it adds, modifies and
 deletes are written into those records after its answer (complete_restores).
 """
 from __future__ import annotations

@@ -104,7 +104,8 @@ class Remap:
 
     They are: the keys of nodes, dirents, bmap and xattrs (the inode comes first), dirent
     values, a node's parent hint, the same in journal undo entries, a pin's st_ino and the
-    inode `seen` fingerprints. Root, upper and control inodes never change.
+    inode `seen` fingerprints. Root, upper and control inodes never change. Where absent
+    pinned files get fresh numbers, the checkpoints' inode counters become unknown.
 
     A pinned path the target lacks gets a fresh overlay number (from `next_ino`), never its
     recorded one: the target may have given that number to another file, which the mount
