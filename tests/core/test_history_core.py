@@ -523,3 +523,31 @@ async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_
 def unnamed_left(session: Session) -> list[bytes]:
     from overlayckpt.core.sweep import unnamed
     return session.store.read(unnamed)
+
+
+async def test_fsck_finds_an_entry_without_a_record_in_the_tree_not_in_what_a_restore_unnamed(
+        session: Session) -> None:
+    """A restore leaves the entries of a directory made since as they are, one naming a repo
+    file moved in (whose record then is none) too: that is no damage, as no directory of the
+    tree names the directory. The same entry in the tree is."""
+    from overlayckpt.tables import DIRENTS, NODES
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("before", None, ME)
+    start = tree_of(ov)
+    d, _ = ov.create(ME, ROOT_INO, b"made", stat.S_IFDIR | 0o755, 0, 0)
+    readme = ino(ov, "README.md")
+    ov.rename(ME, ROOT_INO, b"README.md", d, b"moved-in", 0)
+    after = tree_of(ov)
+    await tl.restore("before", ME)
+    assert tree_of(ov) == start
+    left = session.store.read(lambda r: (r.get(DIRENTS, u64(d) + b"moved-in"), r.get(NODES, u64(readme))))
+    assert left == (u64(readme), None)  # left as it was, naming a file without a record
+    assert fsck(session.store)["clean"], fsck(session.store)["problems"]
+    await tl.restore("@before-last", ME)
+    assert tree_of(ov) == after
+    raw = session.store.read(lambda r: r.get(NODES, u64(readme)))
+    session.store.write(lambda w: w.delete(NODES, u64(readme)))  # damage, in the tree
+    problems = fsck(session.store)["problems"]
+    assert any(f"in {d} names inode {readme} without a record" in p for p in problems), problems
+    session.store.write(lambda w: w.put(NODES, u64(readme), raw))  # (teardown's fsck)
