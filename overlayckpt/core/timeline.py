@@ -154,7 +154,9 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     from now, less those _unborn_left leaves out, found without reading their versions:
     an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
     and the others are known from their node records, read first."""
+    history.warm_changed(r, seq)
     found = history.newest_since(r, seq, next_ino)
+    history.warm_up(r, found, seq)
     node_code, get = TABLE_CODES[NODES], r.get
     unborn: set[bytes] = set()
     rows: Rows = {}
