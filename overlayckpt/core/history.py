@@ -226,9 +226,10 @@ def warm_changed(r: ReadTxn, seq: int) -> bool:
     if last is None or from_u64(last[0][:8]) <= seq:
         return False
     top = from_u64(last[0][:8]) + 1
-    cuts = [seq + (top - seq) * i // WARM_THREADS for i in range(WARM_THREADS + 1)]
-    if not _cold(r, CHANGED, [u64(seq + (top - seq) * i // WARM_SAMPLE) for i in range(WARM_SAMPLE)]):
+    sample = [u64(seq + (top - seq) * i // WARM_SAMPLE) for i in range(WARM_SAMPLE)]
+    if not _cold(r, CHANGED, sample):
         return False
+    cuts = [seq + (top - seq) * i // WARM_THREADS for i in range(WARM_THREADS + 1)]
 
     def scan(view: ReadTxn, i: int) -> None:
         end = u64(cuts[i + 1])

@@ -4,8 +4,8 @@ A restore leaves the inodes that did not exist at its target as they are
 (timeline.py's _unborn_left), their entries too: no directory of the tree it
 puts back names them, and the restore back names them again with one entry. An
 entry counts only in a directory of the tree (named_of, for fsck too): one in
-such a directory may name a repo file moved back out, without a record. gc sweeps those left
-unnamed for good, journaled like any deletion (so every checkpoint that shows
+such a directory may name a repo file moved back out, without a record. gc
+sweeps those left unnamed for good, journaled like any deletion (so every checkpoint that shows
 them still does, and a restore can still bring them back, at the cost of their
 keys), in slices of a few hundred inodes a transaction, each directory before
 what it holds, so that no entry ever names a missing record. A slice goes only
