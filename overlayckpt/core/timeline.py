@@ -153,7 +153,8 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
     from now, less those _unborn_left leaves out, found without reading their versions:
     an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
-    and the others are known from their node records, read first."""
+    and the others are known from their node records, read first. Pages the host paged
+    out are brought in by several threads first (history.warm_up)."""
     history.warm_changed(r, seq)
     found = history.newest_since(r, seq, next_ino)
     history.warm_up(r, found, seq)
