@@ -200,6 +200,7 @@ def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[int, bytes,
 # keys, measured). Several threads at once wait for the disk together (0.7 s); warm,
 # that costs more than it saves, so a sample of the keys decides.
 WARM_THREADS = 8
+WARM_MIN = 4096  # keys (changed entries) below which the disk costs a restore little
 WARM_SAMPLE = 64  # lookups timed, spread over the keys
 COLD_S = 20e-6  # a sampled lookup slower than this on average: the pages are on disk
 
@@ -223,7 +224,7 @@ def warm_changed(r: ReadTxn, seq: int) -> bool:
     """Bring the CHANGED entries from seq on into the page cache, a slice of them per
     thread, if a sample says they are not there. Returns whether it did."""
     last = r.seek_before(CHANGED, _AFTER_ALL)
-    if last is None or from_u64(last[0][:8]) <= seq:
+    if r.count(CHANGED) < WARM_MIN or last is None or from_u64(last[0][:8]) <= seq:
         return False
     top = from_u64(last[0][:8]) + 1
     sample = [u64(seq + (top - seq) * i // WARM_SAMPLE) for i in range(WARM_SAMPLE)]
@@ -244,7 +245,7 @@ def warm_up(r: ReadTxn, found: list[tuple[int, bytes, bytes]], seq: int) -> bool
     """Bring into the page cache, with several threads, the pages that restoring the keys
     found (newest_since's) to seq reads and writes, when a sample of them says they are
     not there. Returns whether it did."""
-    if len(found) < 4 * WARM_SAMPLE:
+    if len(found) < max(WARM_MIN, WARM_SAMPLE):
         return False
     at = u64(seq)
     if not _cold(r, VERSIONS, [vkey(code, key) + at

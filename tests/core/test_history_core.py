@@ -551,3 +551,26 @@ async def test_fsck_finds_an_entry_without_a_record_in_the_tree_not_in_what_a_re
     problems = fsck(session.store)["problems"]
     assert any(f"in {d} names inode {readme} without a record" in p for p in problems), problems
     session.store.write(lambda w: w.put(NODES, u64(readme), raw))  # (teardown's fsck)
+
+
+async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
+        open_session: Callable[..., Session], repo: Path, monkeypatch) -> None:
+    """The warm-up of a whole restore (several threads reading its pages first, when a
+    sample says they are on disk) only reads: here it runs for every restore, and every
+    restore still gives its checkpoint's tree."""
+    monkeypatch.setattr(history, "WARM_MIN", 1)
+    monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
+    ran = []
+    for name in ("warm_changed", "warm_up"):
+        def spy(*args, _real=getattr(history, name), _name=name):  # type: ignore[no-untyped-def]
+            done = _real(*args)
+            ran.append((_name, done))
+            return done
+        monkeypatch.setattr(history, name, spy)
+    s = open_session(repo)
+    recorded = await _random_history(s, 5, steps=150)
+    tl = Timeline(s)
+    for ck in random.Random(5).sample(s.store.read(tl.all), 10):
+        await tl.restore(ck.id, ME)
+        assert tree_of(s.overlay) == recorded[ck.id], ck.id
+    assert ("warm_changed", True) in ran and ("warm_up", True) in ran, ran
