@@ -16,8 +16,8 @@ import msgpack
 
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
-FORMAT_VERSION = 3  # 2: the history index; 3: GROUPFILES and split raw blocks; older
-# formats are upgraded at open
+FORMAT_VERSION = 4  # 2: the history index; 3: GROUPFILES and split raw blocks; 4: the inode
+# counter at each checkpoint (Checkpoint.next_ino); older formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1
@@ -203,10 +203,15 @@ class Checkpoint:
     comm: str
     restored_from: int | None = None
     conv_head: int = 0  # the last conversation line of the live branch at this checkpoint
+    # at least the inode counter then: an overlay inode numbered from it on did not exist
+    # (numbers are never given twice); 0: unknown (older formats, a fork's start, an import
+    # that numbered inodes anew)
+    next_ino: int = 0
 
     def pack(self) -> bytes:
         return pack_obj([self.seq, self.start_seq, self.time_ns, self.kind, self.name,
-                              self.message, self.pid, self.comm, self.restored_from, self.conv_head])
+                         self.message, self.pid, self.comm, self.restored_from, self.conv_head,
+                         self.next_ino])
 
     @classmethod
     def unpack(cls, cid: int, raw: bytes) -> "Checkpoint":

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 
 from overlayckpt.core import groupfiles, history
-from overlayckpt.records import Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj
+from overlayckpt.records import (
+    FIRST_UPPER_INO, Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, SEQ_KEY,
+    CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, NEXT_INO_KEY, SEQ_KEY,
 )
 
 
@@ -111,7 +113,7 @@ def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | Non
     if conv_head is None:
         conv_head = w.meta_int(CONV_HEAD_KEY, 0)
     ck = Checkpoint(cid, seq, start, time_ns or now_ns(), kind, name, message, pid, comm, restored_from,
-                    conv_head)
+                    conv_head, w.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO))
     w.put(CKPTS, u64(cid), ck.pack(), append=True)
     if name:
         w.put(NAMES, name.encode(), u64(cid))
@@ -121,7 +123,8 @@ def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | Non
 def ensure_origin_checkpoint(w: WriteTxn) -> None:
     """Checkpoint 0: the tree before the session's first change."""
     if w.get(CKPTS, u64(0)) is None:
-        ck = Checkpoint(0, 1, 1, now_ns(), "auto", None, "session start", 0, "")
+        ck = Checkpoint(0, 1, 1, now_ns(), "auto", None, "session start", 0, "",
+                        next_ino=w.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO))
         w.put(CKPTS, u64(0), ck.pack())
 
 

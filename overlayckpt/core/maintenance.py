@@ -20,7 +20,7 @@ import trio
 
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import records
-from overlayckpt.core.sweep import sweep
+from overlayckpt.core.sweep import children_of, in_tree, named_of, sweep
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
     T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
@@ -70,8 +70,9 @@ def fsck(store: Store) -> dict[str, Any]:
         for digest in sorted(refs):
             if r.get(BLOCKS, digest) is None and parent_block(r, digest) is None:
                 problems.append(f"block {digest.hex()} is referenced but missing")
+        named = named_of(children_of(r))  # (an unnamed directory's entries are gc's)
         for k, v in r.range_from(DIRENTS):
-            if v != WHITEOUT and r.get(NODES, v) is None:
+            if v != WHITEOUT and in_tree(k[:8], named) and r.get(NODES, v) is None:
                 problems.append(f"directory entry {k[8:]!r} in {from_u64(k[:8])} names "
                                 f"inode {from_u64(v)} without a record")
         seq = r.meta_int(SEQ_KEY, 1)

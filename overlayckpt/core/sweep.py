@@ -1,9 +1,11 @@
 """Overlay inodes no name leads to any more: gc deletes them.
 
 A restore leaves the inodes that did not exist at its target as they are
-(timeline.py's _unborn_left): no directory of the tree it puts back names them,
-and the restore back names them again with one entry. gc sweeps those left
-unnamed for good, journaled like any deletion (so every checkpoint that shows
+(timeline.py's _unborn_left), their entries too: no directory of the tree it
+puts back names them, and the restore back names them again with one entry. An
+entry counts only in a directory of the tree (named_of, for fsck too): one in
+such a directory may name a repo file moved back out, without a record. gc
+sweeps those left unnamed for good, journaled like any deletion (so every checkpoint that shows
 them still does, and a restore can still bring them back, at the cost of their
 keys), in slices of a few hundred inodes a transaction, each directory before
 what it holds, so that no entry ever names a missing record. A slice goes only
@@ -30,24 +32,44 @@ GC_CALLER = Caller(0, "gc")
 _BELOW = (T_BMAP, T_XATTRS, T_DIRENTS)  # the tables whose keys begin with the inode
 
 
-def unnamed(r: ReadTxn) -> list[bytes]:
-    """The overlay inodes (keys of NODES) that no directory of the tree can name, each
-    after the directory that names it. The repo's directories and the root count as in
-    the tree (they may be): only what hangs from them through entries is named."""
-    upper = u64(FIRST_UPPER_INO)
+_UPPER = u64(FIRST_UPPER_INO)
+
+
+def children_of(r: ReadTxn) -> dict[bytes, list[bytes]]:
+    """Directory -> the inodes its entries name (keys of NODES), over every entry."""
     children: dict[bytes, list[bytes]] = {}
     for key, child in r.range_from(DIRENTS):
         if child != WHITEOUT:
             children.setdefault(key[:8], []).append(child)
+    return children
+
+
+def named_of(children: dict[bytes, list[bytes]]) -> set[bytes]:
+    """The overlay inodes a directory of the tree can name. The repo's directories and the
+    root count as in the tree (they may be): only what hangs from them through entries is
+    named. Entries elsewhere (in a directory a restore left unnamed) name nothing."""
     named: set[bytes] = set()
-    stack = [child for parent, kids in children.items() if parent < upper for child in kids]
+    stack = [child for parent, kids in children.items() if parent < _UPPER for child in kids]
     while stack:
         ino = stack.pop()
-        if ino >= upper and ino not in named:
+        if ino >= _UPPER and ino not in named:
             named.add(ino)
             stack += children.get(ino, ())
+    return named
+
+
+def in_tree(parent: bytes, named: set[bytes]) -> bool:
+    """Whether the entries of directory parent count (named_of)."""
+    return parent < _UPPER or parent in named
+
+
+def unnamed(r: ReadTxn) -> list[bytes]:
+    """The overlay inodes (keys of NODES) that no directory of the tree can name
+    (named_of), each after the directory that names it."""
+    children = children_of(r)
+    named = named_of(children)
     # nlink 0: unlinked while open; its handle's release deletes it, not a sweep
-    left = {key for key, raw in r.range_from(NODES, upper)
+    left = {key for key, raw in r.range_from(NODES, _UPPER)
             if key not in named and Node.unpack(raw).nlink > 0}
     # each after every entry that names it is gone (a hard link may sit in two of them)
     naming = dict.fromkeys(left, 0)

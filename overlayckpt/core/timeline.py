@@ -8,8 +8,9 @@ journal in between nor the size of the repo. Restore writes the values then
 into the live tables, journaled (itself undoable) as records of a few KB that
 make a group of their own, and a `restore` checkpoint, then drops the kernel's
 caches of the inodes and names it changed. The inodes made since the target it
-leaves as they are, unnamed (_unborn_left): a subtree goes and comes back with
-its one entry, whatever it holds; gc sweeps what stays unnamed (sweep.py). The files it adds, modifies and
+leaves as they are, unnamed (_unborn_left), known by number from the target's
+inode counter on: a subtree goes and comes back with its one entry, whatever it
+holds; gc sweeps what stays unnamed (sweep.py). The files it adds, modifies and
 deletes are written into those records after its answer (complete_restores).
 """
 from __future__ import annotations
@@ -129,13 +130,10 @@ def _unborn(table: bytes, key: bytes, value: bytes | None) -> bool:
     return table == NODES and value is None and key >= _UPPER
 
 
-def _left_alone(table: bytes, key: bytes, current: bytes | None, unborn: set[bytes]) -> bool:
-    """A key the restore leaves as it is: one of an unborn inode's, but for an entry in
-    such a directory that names an inode of the tree then (moved in since): that inode
-    gets its record then, which may be none (a repo file), and no entry names a missing
-    record."""
-    return key[:8] in unborn and not (table == DIRENTS and current not in (None, WHITEOUT)
-                                      and current not in unborn)
+def _left_alone(key: bytes, unborn: set[bytes]) -> bool:
+    """A key the restore leaves as it is: one of an unborn inode's, its entries too (no name
+    of the tree it puts back leads there: fsck and gc judge an entry by whether one does)."""
+    return key[:8] in unborn
 
 
 def _unborn_left(rows: Rows) -> Rows:
@@ -148,14 +146,18 @@ def _unborn_left(rows: Rows) -> Rows:
     if not unborn:
         return rows
     return {(table, key): row for (table, key), row in rows.items()
-            if not _left_alone(table, key, row[1], unborn)}
+            if not _left_alone(key, unborn)}
 
 
-def _rows_since(r: ReadTxn, seq: int) -> Rows:
+def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
-    from now, less those _unborn_left leaves out, found without reading their versions
-    (the records first: a directory unborn then had no entries)."""
-    found = history.newest_since(r, seq)
+    from now, less those _unborn_left leaves out, found without reading their versions:
+    an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
+    and the others are known from their node records, read first. Pages the host paged
+    out are brought in by several threads first (history.warm_up)."""
+    history.warm_changed(r, seq)
+    found = history.newest_since(r, seq, next_ino)
+    history.warm_up(r, found, seq)
     node_code, get = TABLE_CODES[NODES], r.get
     unborn: set[bytes] = set()
     rows: Rows = {}
@@ -169,15 +171,9 @@ def _rows_since(r: ReadTxn, seq: int) -> Rows:
             if current != value:
                 rows[(NODES, key)] = (value, current, last)
     for code, key, last in found:
-        if code == node_code:
+        if code == node_code or key[:8] in unborn:
             continue
         table = TABLE_NAMES[code]
-        if key[:8] in unborn:
-            if table == DIRENTS:  # (only an entry may be kept: read it)
-                current = get(DIRENTS, key)
-                if not _left_alone(DIRENTS, key, current, unborn):
-                    rows[(DIRENTS, key)] = (None, current, last)
-            continue
         value = history.value_then(r, code, key, seq)
         current = get(table, key)
         if current != value:
@@ -391,7 +387,7 @@ class Timeline:
         warnings: list[str] = []
         rows: Rows = {}
         if code and paths is None:
-            rows = _rows_since(r, target.seq)
+            rows = _rows_since(r, target.seq, target.next_ino)
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}

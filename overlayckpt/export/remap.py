@@ -12,11 +12,11 @@ from typing import Any
 from overlayckpt.core.apply import seen_fingerprint
 from overlayckpt.errors import UserError
 from overlayckpt.records import (
-    FIRST_UPPER_INO, LOWER_INO_ONE, ROOT_INO, TABLE_NAMES, WHITEOUT, JournalRecord, Node,
-    from_u64, lower_ino, pack_obj, u64, unpack_obj,
+    FIRST_UPPER_INO, LOWER_INO_ONE, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord,
+    Node, from_u64, lower_ino, pack_obj, u64, unpack_obj,
 )
 from overlayckpt.tables import (
-    BMAP, DIRENTS, JOURNAL, META, NEXT_INO_KEY, NODES, PINNED, SEEN, XATTRS,
+    BMAP, CKPTS, DIRENTS, JOURNAL, META, NEXT_INO_KEY, NODES, PINNED, SEEN, XATTRS,
 )
 from overlayckpt.export.identity import entry_identity, identities
 
@@ -104,7 +104,8 @@ class Remap:
 
     They are: the keys of nodes, dirents, bmap and xattrs (the inode comes first), dirent
     values, a node's parent hint, the same in journal undo entries, a pin's st_ino and the
-    inode `seen` fingerprints. Root, upper and control inodes never change.
+    inode `seen` fingerprints. Root, upper and control inodes never change. Where absent
+    pinned files get fresh numbers, the checkpoints' inode counters become unknown.
 
     A pinned path the target lacks gets a fresh overlay number (from `next_ino`), never its
     recorded one: the target may have given that number to another file, which the mount
@@ -169,6 +170,10 @@ class Remap:
             if new is not None:
                 pin["st"][1] = 1 if new == LOWER_INO_ONE else new  # st_ino as lstat gave it
                 value = pack_obj(pin)
+        elif table == CKPTS and self.absent:
+            # the fresh numbers of absent pinned files are above every checkpoint's counter,
+            # yet those files were there: no counter says what did not exist
+            value = dataclasses.replace(Checkpoint.unpack(from_u64(key), value), next_ino=0).pack()
         elif table == SEEN and key[1:] in self.seen:
             # [ino, size, mtime] of the repo's file: the target's when it holds the same
             # content; otherwise the old one stays, and apply compares the content

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import blake3
@@ -37,11 +37,12 @@ import zstandard
 from overlayckpt.store import synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import (
-    DEFAULT_BLOCK_SIZE, FORMAT_VERSION, ZERO_BLOCK, from_u64, u64, unpack_obj,
+    DEFAULT_BLOCK_SIZE, FIRST_UPPER_INO, FORMAT_VERSION, ZERO_BLOCK, Checkpoint, from_u64, u64,
+    unpack_obj,
 )
 from overlayckpt.tables import (
-    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY, FORMAT_KEY,
-    META, PARENT_KEY, TABLES,
+    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
+    FORMAT_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,11 @@ class ReadTxn:
                 return
             yield from _wholes(table, cur.iternext())
 
+    def keys_from(self, table: bytes, start: bytes) -> Iterator[bytes]:
+        """Keys >= start ascending, without their values (not of BLOCKS: split keys)."""
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        return cur.iternext(values=False) if cur.set_range(start) else iter(())
+
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
@@ -168,6 +174,16 @@ class ReadTxn:
 
     def count(self, table: bytes) -> int:
         return self.txn.stat(self.store.dbs[table])["entries"]
+
+
+def _count_inodes(w: WriteTxn) -> None:
+    """Give every checkpoint of an older format the inode counter now: no inode numbered
+    from it on existed at any of them (numbers are never given twice), so a restore to one
+    skips by number those the session makes from now on."""
+    now = w.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO)
+    rows = [(k, Checkpoint.unpack(from_u64(k), v)) for k, v in w.range_from(CKPTS)]
+    w.put_many(CKPTS, [(k, replace(ck, next_ino=ck.next_ino or now).pack())
+                       for k, ck in rows])
 
 
 def _whole(key: bytes, value: bytes) -> tuple[bytes, bytes]:
@@ -300,6 +316,8 @@ class Store:
                 # the new tables are there, empty: open fills them; from 2 only blocks
                 # stored from now on are split
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
+                if version < 4:
+                    _count_inodes(w)
             if version == 0 and not new or version > FORMAT_VERSION:
                 txn.abort()
                 env.close()

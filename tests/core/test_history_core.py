@@ -1,8 +1,9 @@
 """The history index against what it replaces: every checkpoint's tree, recorded when it was
 made, must be what the index shows later, after more groups, restores and thinning; the diff
-between any two checkpoints must be what their recorded trees say; a format 1 store (no
-index) is upgraded at open to the same answers; and fsck (run at every teardown) finds the
-stored index equal to the one the journal implies."""
+between any two checkpoints must be what their recorded trees say; a store of an older
+format (no index, no file rows, no inode counters) is upgraded at open to the same
+answers; and fsck (run at every teardown) finds the stored index equal to the one the
+journal implies."""
 from __future__ import annotations
 
 import random
@@ -18,10 +19,11 @@ from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, u64
+from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
 from overlayckpt.tables import (
-    CHANGED, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META, SEQ_KEY,
+    CHANGED, CKPTS, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META,
+    NEXT_INO_KEY, SEQ_KEY,
 )
 
 from .helpers_core import ME, OTHER, ino, tree_of
@@ -233,7 +235,7 @@ async def test_a_restore_merged_by_thinning_before_its_list_lists_nothing(
     assert session.store.read(lambda r: [k for k, _ in r.prefix(META, b"restore_files/")]) == []
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         repo: Path, tmp_path: Path, old: int) -> None:
     store = str(tmp_path / "old")
@@ -243,15 +245,18 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         before = _trees(s), _files(s)
     finally:
         s.close()
-    # make it what format 1 or 2 left: without the tables and keys that came after
-    gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,)
+    # make it what format 1, 2 or 3 left: without the tables and keys that came after, and
+    # checkpoints without their inode counter
+    gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,) if old == 2 else ()
     env = lmdb.open(store, max_dbs=32, map_size=1 << 30)
     with env.begin(write=True) as txn:
-        meta = env.open_db(META, txn=txn)
+        meta, ckpts = env.open_db(META, txn=txn), env.open_db(CKPTS, txn=txn)
         for name in gone:
             txn.drop(env.open_db(name, txn=txn), delete=True)
-        for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,):
+        for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,) if old == 2 else ():
             txn.delete(key, db=meta)
+        for key, value in list(txn.cursor(db=ckpts)):
+            txn.put(key, pack_obj(unpack_obj(value)[:10]), db=ckpts)
         txn.put(FORMAT_KEY, u64(old), db=meta)
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
@@ -260,6 +265,16 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
                                        groupfiles.is_built(r))) == (FORMAT_VERSION, True, True)
         assert (_trees(s), _files(s)) == before
         assert s.store.read(lambda r: (r.count(CHANGED), r.count(GROUPFILES))) > (0, 0)
+        assert fsck(s.store)["clean"]
+        # each checkpoint gets the counter at the upgrade (no inode numbered from it on was
+        # there), and a restore to one skips by number what was made since
+        tl = Timeline(s)
+        cks = s.store.read(tl.all)
+        assert {ck.next_ino for ck in cks} == {s.store.read(lambda r: r.meta_int(NEXT_INO_KEY))}
+        for i, ck in enumerate(random.Random(old).sample(cks, 8)):
+            s.overlay.create(ME, ROOT_INO, b"after-upgrade-%d" % i, stat.S_IFDIR | 0o755, 0, 0)
+            await tl.restore(ck.id, ME)
+            assert tree_of(s.overlay) == before[0][ck.id], ck.id
         assert fsck(s.store)["clean"]
     finally:
         s.close()
@@ -439,8 +454,10 @@ async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Sessio
 
 async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
         open_session: Callable[..., Session], repo: Path) -> None:
-    """_rows_since skips reading the versions of unborn inodes' keys: it must find exactly
-    the rows that reading all of them and leaving out the unborn ones (_unborn_left) gives."""
+    """_rows_since skips reading the versions of unborn inodes' keys (those numbered from
+    the checkpoint's inode counter on, without a read): it must find exactly the rows that
+    reading all of them and leaving out the unborn ones (_unborn_left) gives, with the
+    counter and without it (a checkpoint from before format 4)."""
     from overlayckpt.core.timeline import TABLE_NAMES, _rows_since, _unborn_left
     for seed in (3, 11):
         s = open_session(repo, store=repo.parent / f"store-{seed}")
@@ -454,12 +471,16 @@ async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
                 if current != value:
                     rows[(TABLE_NAMES[c], key)] = (value, current, last)
             return rows
-        left_out = 0
+        left_out = by_number = 0
         for ck in s.store.read(tl.all):
-            got, rows = s.store.read(lambda r: (_rows_since(r, ck.seq), full(r, ck.seq)))
-            assert got == _unborn_left(rows), (seed, ck.id)
+            assert ck.next_ino >= 1 << 48, ck  # (every checkpoint of format 4 has one)
+            got, blind, rows = s.store.read(lambda r: (
+                _rows_since(r, ck.seq, ck.next_ino), _rows_since(r, ck.seq), full(r, ck.seq)))
+            assert got == blind == _unborn_left(rows), (seed, ck.id)
             left_out += len(rows) > len(got)
+            by_number += any(from_u64(k[:8]) >= ck.next_ino for _, k in rows)
         assert left_out, "no restore had rows to leave out: the test tests nothing"
+        assert by_number, "no inode was unborn by its number: the counter went untested"
 
 
 async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_shows_it(
@@ -502,3 +523,54 @@ async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_
 def unnamed_left(session: Session) -> list[bytes]:
     from overlayckpt.core.sweep import unnamed
     return session.store.read(unnamed)
+
+
+async def test_fsck_finds_an_entry_without_a_record_in_the_tree_not_in_what_a_restore_unnamed(
+        session: Session) -> None:
+    """A restore leaves the entries of a directory made since as they are, one naming a repo
+    file moved in (whose record then is none) too: that is no damage, as no directory of the
+    tree names the directory. The same entry in the tree is."""
+    from overlayckpt.tables import DIRENTS, NODES
+    ov = session.overlay
+    tl = Timeline(session)
+    tl.checkpoint("before", None, ME)
+    start = tree_of(ov)
+    d, _ = ov.create(ME, ROOT_INO, b"made", stat.S_IFDIR | 0o755, 0, 0)
+    readme = ino(ov, "README.md")
+    ov.rename(ME, ROOT_INO, b"README.md", d, b"moved-in", 0)
+    after = tree_of(ov)
+    await tl.restore("before", ME)
+    assert tree_of(ov) == start
+    left = session.store.read(lambda r: (r.get(DIRENTS, u64(d) + b"moved-in"), r.get(NODES, u64(readme))))
+    assert left == (u64(readme), None)  # left as it was, naming a file without a record
+    assert fsck(session.store)["clean"], fsck(session.store)["problems"]
+    await tl.restore("@before-last", ME)
+    assert tree_of(ov) == after
+    raw = session.store.read(lambda r: r.get(NODES, u64(readme)))
+    session.store.write(lambda w: w.delete(NODES, u64(readme)))  # damage, in the tree
+    problems = fsck(session.store)["problems"]
+    assert any(f"in {d} names inode {readme} without a record" in p for p in problems), problems
+    session.store.write(lambda w: w.put(NODES, u64(readme), raw))  # (teardown's fsck)
+
+
+async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
+        open_session: Callable[..., Session], repo: Path, monkeypatch) -> None:
+    """The warm-up of a whole restore (several threads reading its pages first, when a
+    sample says they are on disk) only reads: here it runs for every restore, and every
+    restore still gives its checkpoint's tree."""
+    monkeypatch.setattr(history, "WARM_MIN", 1)
+    monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
+    ran = []
+    for name in ("warm_changed", "warm_up"):
+        def spy(*args, _real=getattr(history, name), _name=name):  # type: ignore[no-untyped-def]
+            done = _real(*args)
+            ran.append((_name, done))
+            return done
+        monkeypatch.setattr(history, name, spy)
+    s = open_session(repo)
+    recorded = await _random_history(s, 5, steps=150)
+    tl = Timeline(s)
+    for ck in random.Random(5).sample(s.store.read(tl.all), 10):
+        await tl.restore(ck.id, ME)
+        assert tree_of(s.overlay) == recorded[ck.id], ck.id
+    assert ("warm_changed", True) in ran and ("warm_up", True) in ran, ran
