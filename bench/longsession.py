@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.gen import GEN_VERSION as REPO_VERSION
 from bench.gen import SEED, WORK_DIR, Repo, text_blob, vocabulary
 
-GEN_VERSION = 1
+GEN_VERSION = 2
 BLOCK = 4096
 WINDOW = 1e9  # seconds: a group ends only when the other pid writes
 EDIT_FILES = 3000  # repo files the session edits
@@ -165,7 +165,7 @@ def _one_op(ov, caller, rng: random.Random, edited: list[str], ino_of: dict[str,
             pool: list[bytes], snippets: list[bytes], FsError: type) -> int:
     """One operation (two for a create: the file and its first write); returns records made."""
     r = rng.random()
-    if r < 0.70 or not created:  # edit an existing repo file
+    if r < 0.70:  # edit an existing repo file
         path = rng.choice(edited)
         ino = ino_of[path]
         nblocks = max(1, sizes[path] // BLOCK)
