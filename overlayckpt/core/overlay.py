@@ -128,7 +128,9 @@ class Overlay(Tree):
 
     def _own(self, m: Mutation, ino: int) -> Node:
         """The node record of ino, created from the lower entry if it has none yet."""
-        node = self.node(m, ino)
+        # (one stat, not its directory's listing: the files written first in a
+        # directory are a few, where a walk that lists it looks at them all)
+        node = self.node(m, ino, siblings=False)
         if not self.has_record(m, ino):
             node.parent = self.parents.get(ino, (0, b""))[0]
             m.put_node(ino, node)

@@ -158,14 +158,15 @@ class Tree:
 
     # -- attributes -----------------------------------------------------------
 
-    def node(self, s: State, ino: int) -> Node:
+    def node(self, s: State, ino: int, siblings: bool = True) -> Node:
+        """ino's attributes in state s. siblings: see Lower.stat."""
         raw = s.get(NODES, u64(ino))
         if raw is not None:
             return Node.unpack(raw)
         path = self.lower_paths.get(ino)
         if path is None:
             raise FsError(errno.ESTALE, f"unknown inode {ino}")
-        return node_from_stat(self.lower.stat(path), path)
+        return node_from_stat(self.lower.stat(path, siblings), path)
 
     def has_record(self, s: State, ino: int) -> bool:
         return s.get(NODES, u64(ino)) is not None
