@@ -455,8 +455,10 @@ class Operations(pyfuse3.Operations):
                 # for its own answer; a file a restore removed concerns that file only
                 kcache.stop_write_behind()
                 self._behind_failed = True
-            # the kernel's pages hold what was not stored
-            trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
+            try:  # the kernel's pages hold what was not stored
+                trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
+            except RuntimeError:
+                pass  # stored at unmount, outside the loop: the kernel holds nothing any more
 
         self.ov.write_later(caller, ino, off, buf, done, failed)
         if not self._storing_soon:
