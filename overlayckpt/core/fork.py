@@ -27,7 +27,7 @@ from overlayckpt.core.conversation import chain
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline, _differing
 from overlayckpt.errors import UserError
-from overlayckpt.records import Checkpoint, pack_obj, u64
+from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
 from overlayckpt.tables import (
     BMAP, CKPTS, CONV, CONV_HEAD_KEY, CONV_NEXT_KEY, DIRENTS, FORK_KEY, META, NEXT_INO_KEY, NODES,
@@ -87,8 +87,10 @@ def make_fork(r: ReadTxn, ck: Checkpoint, path: str) -> dict[str, Any]:
                 if value is not None:  # (the parent's next inodes: apart from the parent's)
                     w.put(META, key, value)
             w.put(META, PARENT_KEY, pack_obj([os.path.realpath(parent.path), ck.id]))
+            # the counter the fork numbers from: no inode of its tree then is numbered so far
             origin = Checkpoint(0, 1, 1, time.time_ns(), "auto", None,
-                                f"fork of checkpoint {ck.id}", 0, "", None, ck.conv_head)
+                                f"fork of checkpoint {ck.id}", 0, "", None, ck.conv_head,
+                                w.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO))
             w.put(CKPTS, u64(0), origin.pack())
         dst.write(finish)
     except BaseException:

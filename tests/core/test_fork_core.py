@@ -20,7 +20,7 @@ from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import WriteTxn
 from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, META, PARENT_KEY, PINNED
 
-from .helpers_core import ME, content, exists, tree_of
+from .helpers_core import ME, content, exists, ino, tree_of
 from .test_backout_core import edit_line, remove, set_file
 
 BIG = os.urandom(1 << 20)  # incompressible: its blocks are what a store's size is made of
@@ -79,6 +79,13 @@ def test_fork_starts_at_the_checkpoint_and_edits_stay_apart(session: Session, fa
     assert blocks(f) > 0  # its own new blocks are its own
     log = run(f, {"cmd": "log", "all": True})
     assert log["forked_from"] == {"store": os.path.realpath(session.store.path), "checkpoint": first}
+    # its checkpoint 0 knows the counter it numbers from, so a restore to it skips what the
+    # fork made by number: exactly the fork point again
+    origin = f.store.read(lambda r: Timeline(f.ctx).get(r, 0))
+    set_file(f, "sub/more.txt", b"made in the fork\n")
+    assert 0 < origin.next_ino <= min(ino(f.overlay, "new.txt"), ino(f.overlay, "sub/more.txt"))
+    run(f, {"cmd": "restore", "id": 0, "what": "code"})
+    assert tree_of(f.overlay) == expected
 
 
 def test_fork_of_live_makes_a_checkpoint_and_costs_the_changes_not_the_blocks(
