@@ -204,8 +204,8 @@ class Checkpoint:
     restored_from: int | None = None
     conv_head: int = 0  # the last conversation line of the live branch at this checkpoint
     # at least the inode counter then: an overlay inode numbered from it on did not exist
-    # (numbers are never given twice); 0: unknown (older formats, a fork's start, an import
-    # that numbered inodes anew)
+    # (numbers are never given twice); 0: unknown (older formats before their upgrade, an
+    # import that numbered inodes anew)
     next_ino: int = 0
 
     def pack(self) -> bytes:
