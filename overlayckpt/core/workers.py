@@ -81,6 +81,7 @@ class _StoppableStore:
 async def off_loop(store: Store, fn: Callable[[Store], T]) -> T:
     """fn(store) in a worker thread (it must only read). Cancelling the caller returns at
     once and stops the worker at its next read of the store."""
+    store.store_deferred()  # what the worker reads includes every write before the command
     stop = threading.Event()
 
     def work() -> T:

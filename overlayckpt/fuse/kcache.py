@@ -98,8 +98,6 @@ def speed_up_loop(pyfuse3: Any) -> None:
         log.info("pyfuse3's loop left as it is")
         return
     wait_queued = _lib.kcache_wait_queued
-    wait_queued.argtypes = [ctypes.c_long]
-    wait_queued.restype = ctypes.c_int
     streak = 0
     # after a watch that found nothing, every task (pyfuse3 runs several) waits in
     # trio until a request comes that way, so that no other one holds trio up again

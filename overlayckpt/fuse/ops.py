@@ -409,7 +409,6 @@ class Operations(pyfuse3.Operations):
             return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
         h = self.handles[fh]
         if h.control is not None:
-            self.ov.store.store_deferred()  # a command sees every write before it, off the loop too
             return await self.ctl.write(h.control, off, buf)
         await self._keep_up()
         return self.ov.write(h.caller, h.ino, off, buf)

@@ -133,6 +133,7 @@ class Session:
         """The reading `name` of a command (registry.READINGS) where no request of the
         mount waits for it: in a reader process of the mount, else a worker thread."""
         if self.readers is not None:
+            self.store.store_deferred()  # (another process reads only what is committed)
             try:
                 return await self.readers.call(name, cmd)  # type: ignore[no-any-return]
             except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): still answered

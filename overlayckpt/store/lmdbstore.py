@@ -479,14 +479,9 @@ class Store:
 
     def store_deferred(self) -> None:
         """Commit the deferred writes now: together, or each on its own if that fails."""
-        if not self._deferred:
-            return
-        taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
-        try:
-            self._commit(lambda w: [fn(w) for fn, _, _ in taken])
-        except Exception:  # noqa: BLE001 - one of them failed: it alone must
-            self._commit_each(taken)
-        self._since_point += 1
+        if self._deferred:
+            self._commit_with_deferred(None)
+            self._since_point += 1
 
     def _deferred_here(self) -> bool:
         return self._deferring_thread == threading.get_ident() and bool(self._deferred)
@@ -495,18 +490,20 @@ class Store:
         if self._deferred_here():
             self.store_deferred()
 
-    def _commit_with_deferred(self, fn: Callable[[WriteTxn], T]) -> T:
+    def _commit_with_deferred(self, fn: Callable[[WriteTxn], T] | None) -> T | None:
+        """The deferred writes, then fn (if any), in one transaction; if that fails, each
+        deferred write on its own (so that only what failed fails), then fn alone."""
         taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
 
-        def both(w: WriteTxn) -> T:
+        def both(w: WriteTxn) -> T | None:
             for deferred_fn, _, _ in taken:
                 deferred_fn(w)
-            return fn(w)
+            return fn(w) if fn is not None else None
         try:
             return self._commit(both)
         except Exception:  # noqa: BLE001 - then each on its own: only what failed fails
             self._commit_each(taken)
-        return self._commit(fn)
+        return self._commit(fn) if fn is not None else None
 
     def _commit_each(self, taken: list[tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int]]
                      ) -> None:
@@ -669,6 +666,7 @@ class ReaderStore(Store):
         except lmdb.Error as e:
             raise UserError(f"cannot read store {path}: {e}") from None
         self.path, self.env, self.lock_fd, self.cache_lost = path, env, None, False
+        self._deferred = []  # (never any: store_deferred is a no-op)
         self._local = threading.local()
         self.block_size = self.read(lambda r: r.meta_int(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE))
 
