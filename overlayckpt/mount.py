@@ -63,7 +63,8 @@ def mount_options(allow_other: bool) -> set[str]:
 
 def kernel_status() -> dict[str, Any]:
     """What the status command shows of the kernel side (fuse/kcache.py)."""
-    return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead()}
+    return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead(),
+            "dir_attrs_from_c": kcache.dir_attrs_answered()}
 
 
 class Kernel:
@@ -74,7 +75,9 @@ class Kernel:
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
         """Drop kernel caches of what a restore changed (in a thread: the kernel
-        may have to write dirty pages back to us before it can drop them)."""
+        may have to write dirty pages back to us before it can drop them), and the
+        directory attributes C answers with."""
+        kcache.drop_dir_attrs()
         def run() -> None:
             for parent, name in entries:
                 try:

@@ -74,6 +74,10 @@ def preload() -> None:
     lib.kcache_warm_tree.argtypes = [ctypes.c_int]
     lib.kcache_wait_queued.argtypes = [ctypes.c_long]
     lib.kcache_wait_queued.restype = ctypes.c_int
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    lib.kcache_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
+    lib.kcache_publish_dir_attrs.restype = None
+    lib.kcache_drop_dir_attrs.restype = None
     global _request_pid, _request_seq, _request_next
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
@@ -123,6 +127,11 @@ def requests_waiting() -> bool:
     return _lib is not None and bool(_lib.kcache_wait_queued(0))
 
 
+def loaded() -> bool:
+    """Whether the library is loaded (in the daemon, before pyfuse3)."""
+    return _lib is not None
+
+
 def active() -> bool:
     """Whether the mounted session's handlers go through the library."""
     return _lib is not None and _lib.kcache_sessions_wrapped() > 0
@@ -167,6 +176,34 @@ def read_ahead() -> dict[str, Any] | None:
         return None
     return {"dirs": ctypes.c_uint64.in_dll(_lib, "kcache_warmed_dirs").value,
             "done": bool(ctypes.c_int.in_dll(_lib, "kcache_warm_done").value)}
+
+
+def publish_dir_attrs(a: Any) -> None:
+    """Have C answer the directory's next GETATTRs with a (pyfuse3.EntryAttributes, what
+    Python's getattr answers now) until a request that may change anything comes:
+    called by a request that changed the directory, before its reply (dirattrs.c)."""
+    if _lib is None:
+        return
+    atime, atime_ns = divmod(a.st_atime_ns, 10**9)  # (unsigned in pyfuse3, split alike)
+    mtime, mtime_ns = divmod(a.st_mtime_ns, 10**9)
+    ctime, ctime_ns = divmod(a.st_ctime_ns, 10**9)
+    _lib.kcache_publish_dir_attrs(a.st_ino, a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev,
+                                  a.st_size, a.st_blocks, a.st_blksize, atime, atime_ns, mtime,
+                                  mtime_ns, ctime, ctime_ns,
+                                  int(a.attr_timeout))
+
+
+def drop_dir_attrs() -> None:
+    """Forget what publish_dir_attrs published: the daemon changed the tree itself."""
+    if _lib is not None:
+        _lib.kcache_drop_dir_attrs()
+
+
+def dir_attrs_answered() -> int:
+    """How many GETATTRs C answered from published directory attributes."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "kcache_dir_attrs_answered").value
 
 
 def stop_write_behind() -> None:

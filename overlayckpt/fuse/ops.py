@@ -47,7 +47,8 @@ Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 T = TypeVar("T")
-STORE_DEFERRED_TURNS = 8
+# Writes acknowledged in C wait this long (seconds) for a write transaction to join.
+STORE_DEFERRED_AFTER = 0.002
 
 
 def translate_errors(fn: F) -> F:
@@ -323,7 +324,16 @@ class Operations(pyfuse3.Operations):
     def _create(self, parent: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext,
                 rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         self._no_control(parent)
-        return self.ov.create(self._caller(ctx), parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        made = self.ov.create(self._caller(ctx), parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        self._changed_dirs(parent)
+        return made
+
+    def _changed_dirs(self, *inos: int) -> None:
+        """Have C answer the GETATTRs of these directories, which this request changed:
+        the kernel drops what it has of them and asks next (default_permissions)."""
+        if kcache.loaded():
+            for ino in inos:
+                kcache.publish_dir_attrs(self._attrs(ino))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
@@ -351,11 +361,13 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(parent_inode)
         self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=False)
+        self._changed_dirs(parent_inode)
 
     @translate_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(parent_inode)
         self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=True)
+        self._changed_dirs(parent_inode)
 
     @translate_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
@@ -363,6 +375,7 @@ class Operations(pyfuse3.Operations):
         self._no_control(parent_inode_old)
         self._no_control(parent_inode_new)
         self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        self._changed_dirs(*{parent_inode_old, parent_inode_new})
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
@@ -370,6 +383,7 @@ class Operations(pyfuse3.Operations):
         self._no_control(inode)
         self._no_control(new_parent_inode)
         node = self.ov.link(self._caller(ctx), inode, new_parent_inode, new_name)
+        self._changed_dirs(new_parent_inode)
         return self._attrs(inode, node)
 
     # -- files ----------------------------------------------------------------
@@ -466,13 +480,11 @@ class Operations(pyfuse3.Operations):
         return len(buf)
 
     async def _store_deferred_soon(self) -> None:
-        """Commit the deferred writes once no request waits (those queued may add to them),
-        or after a few turns of the loop: its tasks may all be waiting on something else."""
+        """Commit the deferred writes STORE_DEFERRED_AFTER from now, unless the next write
+        transaction has taken them first: a file's create and its first write, or the
+        writes of a burst, then cost one commit, not two."""
         try:
-            for _ in range(STORE_DEFERRED_TURNS):
-                if not (kcache.requests_waiting() and self.ov.store.deferred()):
-                    break
-                await trio.sleep(0)
+            await trio.sleep(STORE_DEFERRED_AFTER)
         finally:
             self._storing_soon = False
             try:

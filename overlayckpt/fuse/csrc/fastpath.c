@@ -19,6 +19,8 @@
  *   does and keeps no attributes in the kernel: the fstat in opendir(3) fetches
  *   them, and the kernel drops a listing kept under an older mtime. readdirplus and
  *   fsyncdir then get handle 0; the wrappers give Python the marked inode.
+ * - ioctl: ENOSYS, from libfuse (pyfuse3 serves none). Python's open() asks
+ *   the terminal's attributes of every file it opens (isatty).
  * - getxattr("security.capability"): ENODATA. The kernel asks for it before
  *   every write to a file; file capabilities have no effect on a nosuid mount,
  *   and the daemon refuses to set them, so the answer is exact.
@@ -72,6 +74,7 @@ int request_is_fast(const char *mem, size_t len)
         return arglen >= sizeof(struct fuse_open_in) &&
                open_is_fast(in->nodeid, ((const struct fuse_open_in *)arg)->flags);
     case FUSE_OPENDIR:
+    case FUSE_IOCTL:
         return 1;
     case FUSE_RELEASE:
         return arglen >= sizeof(struct fuse_release_in) &&

@@ -23,6 +23,8 @@
  * - behind.c: write-behind (writes acknowledged before Python stores them) and
  *   its log.
  * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
+ * - dirattrs.c: directory attributes Python publishes after a change, and the
+ *   GETATTRs of them that follow, answered by the reader thread.
  * - constants.c: the constants below that Python must agree with, exported for
  *   tests/test_kcache_constants.py.
  */
@@ -113,6 +115,10 @@ int drop_acknowledged(fuse_req_t req);
 
 /* warm.c */
 void warm_stop_all(void);
+
+/* dirattrs.c */
+int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len);
+void dir_attrs_taking(const char *mem, size_t len);
 
 #pragma GCC visibility pop
 

@@ -1,7 +1,8 @@
 /* The reader thread and the queue pyfuse3 reads from.
  *
  * Once fuse_session_fd is asked for the wrapped session's fd, a thread reads
- * /dev/fuse, answers what fastpath.c says C answers, acknowledges what behind.c
+ * /dev/fuse, answers what fastpath.c says C answers and the GETATTRs dirattrs.c
+ * holds the answer to, acknowledges what behind.c
  * may (and queues it all the same), and queues every other request, in order;
  * pyfuse3 is given the read end of a pipe that holds a byte per queued request,
  * and takes them through fuse_session_receive_buf.
@@ -76,6 +77,8 @@ static void *read_requests(void *arg)
             push(res, NULL);
             break;
         }
+        if (dir_attrs_answer(se, buf.mem, (size_t)res))
+            continue;
         if (request_is_fast(buf.mem, (size_t)res))
             real_process(se, &buf);
         else {
@@ -157,6 +160,7 @@ int queue_take(struct fuse_buf *buf)
     while (read(wake[0], &one, 1) < 0 && errno == EINTR)
         ;
     res = it->res;
+    dir_attrs_taking(it->mem, (size_t)res);  /* before Python handles what may change them */
     memmove(it, it->mem, (size_t)res);  /* the request at the start of the block */
     free(buf->mem);  /* pyfuse3 frees what it holds last; hand it ours */
     buf->mem = it;

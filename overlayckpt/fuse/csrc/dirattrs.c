@@ -1,0 +1,120 @@
+/* Directory attributes answered in C.
+ *
+ * With default_permissions the kernel needs a directory's attributes before it
+ * creates, unlinks or renames in it, and each of these makes it drop what it has
+ * of them: a loop of creates in one directory, or of atomic saves, asks GETATTR
+ * of the directory once per file, a Python round trip each. So Python publishes
+ * a directory's attributes here at the end of each request that changed them (a
+ * create, unlink, rename..., before its reply), and the reader thread answers the
+ * GETATTRs that follow (kernel_status counts them).
+ *
+ * What keeps them exact: the table only holds what was published since the last
+ * request that may change anything was taken. pyfuse3's thread drops it all when
+ * it takes such a request (queue_take: every opcode but the reads below, and the
+ * writes to the tree's files, which change no directory), and Python drops it
+ * where the daemon changes the tree on its own (a restore's kernel invalidations).
+ * The reader answers under the table's lock, so an answer from the table is on
+ * its way to the kernel before a drop returns, before the change that follows.
+ */
+#include "kcache.h"
+
+#define SLOTS 64  /* by inode; a request publishes one or two directories */
+
+struct slot {
+    uint64_t ino;  /* 0: empty */
+    struct fuse_attr_out out;
+};
+
+static struct slot table[SLOTS];
+static int used;  /* slots filled; read without the lock only to skip it when 0 */
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+uint64_t kcache_dir_attrs_answered;
+
+/* Python (ops.py) after a change: what its GETATTR of directory ino answers now. */
+void kcache_publish_dir_attrs(uint64_t ino, uint32_t mode, uint32_t nlink, uint32_t uid, uint32_t gid,
+                              uint32_t rdev, uint64_t size, uint64_t blocks, uint32_t blksize,
+                              uint64_t atime, uint32_t atimensec, uint64_t mtime, uint32_t mtimensec,
+                              uint64_t ctime, uint32_t ctimensec, uint64_t attr_valid)
+{
+    struct slot *s = &table[ino % SLOTS];
+
+    if (ino == 0 || ino >= cache_below || !S_ISDIR(mode))
+        return;
+    pthread_mutex_lock(&table_lock);
+    if (s->ino == 0)
+        __atomic_store_n(&used, used + 1, __ATOMIC_RELEASE);
+    memset(&s->out, 0, sizeof(s->out));
+    s->out.attr_valid = attr_valid;
+    s->out.attr = (struct fuse_attr){
+        .ino = ino, .size = size, .blocks = blocks,
+        .atime = atime, .mtime = mtime, .ctime = ctime,
+        .atimensec = atimensec, .mtimensec = mtimensec, .ctimensec = ctimensec,
+        .mode = mode, .nlink = nlink, .uid = uid, .gid = gid, .rdev = rdev, .blksize = blksize,
+    };
+    s->ino = ino;
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* Forget every published directory (Python: the daemon changed the tree itself). */
+void kcache_drop_dir_attrs(void)
+{
+    pthread_mutex_lock(&table_lock);
+    if (used) {
+        memset(table, 0, sizeof(table));
+        __atomic_store_n(&used, 0, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* The requests that change nothing a directory's attributes show. */
+static int changes_no_directory(const struct fuse_in_header *in)
+{
+    switch (in->opcode) {
+    case FUSE_LOOKUP: case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_GETATTR:
+    case FUSE_READLINK: case FUSE_OPEN: case FUSE_READ: case FUSE_STATFS: case FUSE_RELEASE:
+    case FUSE_FSYNC: case FUSE_GETXATTR: case FUSE_LISTXATTR: case FUSE_FLUSH:
+    case FUSE_OPENDIR: case FUSE_READDIR: case FUSE_READDIRPLUS: case FUSE_RELEASEDIR:
+    case FUSE_FSYNCDIR: case FUSE_ACCESS: case FUSE_INTERRUPT: case FUSE_POLL: case FUSE_LSEEK:
+    case FUSE_IOCTL:  /* (none is served: fastpath.c) */
+        return 1;
+    case FUSE_WRITE:  /* to a file of the tree; a control file's write is a command */
+        return in->nodeid < cache_below;
+    default:
+        return 0;
+    }
+}
+
+/* pyfuse3's thread, taking a request to handle: drop the table unless it changes nothing. */
+void dir_attrs_taking(const char *mem, size_t len)
+{
+    if (__atomic_load_n(&used, __ATOMIC_ACQUIRE) &&
+        (len < sizeof(struct fuse_in_header) || !changes_no_directory((const void *)mem)))
+        kcache_drop_dir_attrs();
+}
+
+/* The reader thread: answer a GETATTR of a published directory; 0 if it is not one. */
+int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    struct fuse_out_header head;
+    struct slot *s;
+    int answered = 0;
+
+    if (len < sizeof(*in) || in->opcode != FUSE_GETATTR || !__atomic_load_n(&used, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&table_lock);
+    s = &table[in->nodeid % SLOTS];
+    if (s->ino != 0 && s->ino == in->nodeid) {
+        struct iovec iov[2] = {{&head, sizeof(head)}, {&s->out, sizeof(s->out)}};
+
+        head.len = sizeof(head) + sizeof(s->out);
+        head.error = 0;
+        head.unique = in->unique;
+        /* an error means the kernel gave the request up (interrupted): nothing to do */
+        (void)!writev(real_fd(se), iov, 2);
+        kcache_dir_attrs_answered++;
+        answered = 1;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return answered;
+}

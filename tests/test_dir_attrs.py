@@ -1,0 +1,136 @@
+"""Directory attributes answered in C (fuse/csrc/dirattrs.c) are Python's answers.
+
+After a change in a directory the kernel asks for its attributes again; C answers
+from what the changing request published. Each test compares what the kernel got
+that way with what Python answers once the published attributes are gone (any other
+change drops them; statx(AT_STATX_FORCE_SYNC) sends a GETATTR whatever the kernel
+holds), and checks that C did answer.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from conftest import Mount
+
+AT_FDCWD = -100
+AT_STATX_FORCE_SYNC = 0x2000
+STATX_BASIC_STATS = 0x7FF
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def synced(path: Path) -> tuple[int, ...]:
+    """The attributes the daemon answers now (statx forcing a GETATTR), as attrs() gives them."""
+    buf = ctypes.create_string_buffer(256)
+    if _libc.statx(AT_FDCWD, os.fsencode(path), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf) != 0:
+        raise OSError(ctypes.get_errno(), f"statx {path}")
+    raw = buf.raw
+    u32 = lambda off: int.from_bytes(raw[off:off + 4], "little")  # noqa: E731
+    u64 = lambda off: int.from_bytes(raw[off:off + 8], "little")  # noqa: E731
+    ns = lambda off: int.from_bytes(raw[off:off + 8], "little", signed=True) * 10**9 + u32(off + 8)  # noqa: E731
+    mode = int.from_bytes(raw[28:30], "little")
+    return (u64(32), mode, u32(16), u32(20), u32(24), u64(40), u64(48), ns(64), ns(112), ns(96))
+
+
+def attrs(path: Path) -> tuple[int, ...]:
+    """What a plain stat gets: from the kernel's cache, or C's answer, or Python's."""
+    s = os.stat(path, follow_symlinks=False)
+    return (s.st_ino, s.st_mode, s.st_nlink, s.st_uid, s.st_gid, s.st_size, s.st_blocks,
+            s.st_atime_ns, s.st_mtime_ns, s.st_ctime_ns)
+
+
+def from_c(m: Mount) -> int:
+    return m.ctl_ok({"cmd": "status"})["dir_attrs_from_c"]
+
+
+def python_answer(m: Mount, d: Path) -> tuple[int, ...]:
+    """d's attributes from Python: a change elsewhere drops what C holds first."""
+    os.utime(m.mnt / "README.md")
+    return synced(d)
+
+
+def test_each_change_in_a_directory_is_answered_as_python_answers(mounted: Mount) -> None:
+    m = mounted
+    d, other = m.mnt / "work", m.mnt / "other"
+    os.mkdir(d)
+    os.mkdir(other)
+
+    def make_file() -> None:
+        with open(d / "a.txt", "w") as f:  # (open() asks an ioctl, the write a WRITE)
+            f.write("a")
+
+    changes = [
+        ("create", make_file, [d]),
+        ("mkdir", lambda: os.mkdir(d / "sub"), [d]),
+        ("symlink", lambda: os.symlink("a.txt", d / "ln"), [d]),
+        ("link", lambda: os.link(d / "a.txt", d / "hard"), [d]),
+        ("mkfifo", lambda: os.mkfifo(d / "fifo"), [d]),
+        ("rename in", lambda: os.rename(d / "a.txt", d / "b.txt"), [d]),
+        ("rename out", lambda: os.rename(d / "b.txt", other / "b.txt"), [d, other]),
+        ("move a dir", lambda: os.rename(d / "sub", other / "sub"), [d, other]),
+        ("mkdir over", lambda: os.mkdir(d / "empty"), [d]),
+        ("dir over a dir", lambda: os.rename(other / "sub", d / "empty"), [d, other]),
+        ("unlink", lambda: os.unlink(d / "hard"), [d]),
+        ("rmdir", lambda: os.rmdir(d / "empty"), [d]),
+        ("repo dir", lambda: (m.mnt / "src" / "new.py").write_text("x"), [m.mnt / "src"]),
+        ("root", lambda: os.mkdir(m.mnt / "top"), [m.mnt]),
+    ]
+    answered = from_c(m)
+    for what, change, dirs in changes:
+        change()
+        seen = [attrs(p) for p in dirs]  # the kernel asks: C answers
+        now = from_c(m)
+        assert now >= answered + len(dirs), f"{what}: C answered {now - answered} of {len(dirs)}"
+        assert seen == [python_answer(m, p) for p in dirs], what
+        answered = from_c(m)
+
+
+def test_a_restore_leaves_no_answer_of_c_behind(mounted: Mount) -> None:
+    m = mounted
+    d = m.mnt / "docs"
+    (d / "one.txt").write_text("1")
+    before = python_answer(m, d)
+    cid = m.ctl_ok({"cmd": "checkpoint", "message": "before"})["id"]
+    answered = from_c(m)
+    (d / "two.txt").write_text("2")
+    (d / "three").mkdir()
+    assert attrs(d) != before and from_c(m) > answered  # C holds the new ones
+    m.cli("restore", str(cid))
+    assert attrs(d) == before
+    assert python_answer(m, d) == before
+
+
+def test_creates_from_threads_leave_no_older_answer_behind(mounted: Mount) -> None:
+    """Threads create in one directory while another stats it: the kernel keeps no
+    answer older than the last change (C answers under the lock Python drops by)."""
+    m = mounted
+    d = m.mnt / "many"
+    os.mkdir(d)
+    stop = threading.Event()
+
+    def create(k: int) -> None:
+        for i in range(150):
+            with open(d / f"{k}-{i}", "w") as f:
+                f.write("x")
+            if i % 10 == 0:
+                os.mkdir(d / f"{k}-dir{i}")
+
+    def look() -> None:
+        while not stop.is_set():
+            attrs(d)
+
+    lookers = [threading.Thread(target=look) for _ in range(2)]
+    creators = [threading.Thread(target=create, args=(k,)) for k in range(3)]
+    for t in lookers + creators:
+        t.start()
+    for t in creators:
+        t.join()
+    stop.set()
+    for t in lookers:
+        t.join()
+    assert from_c(m) > 0
+    last = attrs(d)
+    assert last == python_answer(m, d)
+    assert last[2] == 2 + 3 * 15  # nlink: the subdirectories
