@@ -46,8 +46,8 @@ def from_c(m: Mount) -> int:
 
 
 def python_answer(m: Mount, d: Path) -> tuple[int, ...]:
-    """d's attributes from Python: a change elsewhere drops what C holds first."""
-    os.utime(m.mnt / "README.md")
+    """d's attributes from Python: a control command drops what C holds first."""
+    from_c(m)
     return synced(d)
 
 
@@ -77,6 +77,7 @@ def test_each_change_in_a_directory_is_answered_as_python_answers(mounted: Mount
         ("repo dir", lambda: (m.mnt / "src" / "new.py").write_text("x"), [m.mnt / "src"]),
         ("root", lambda: os.mkdir(m.mnt / "top"), [m.mnt]),
     ]
+    everywhere = [m.mnt, m.mnt / "src", d, other]
     answered = from_c(m)
     for what, change, dirs in changes:
         change()
@@ -84,7 +85,27 @@ def test_each_change_in_a_directory_is_answered_as_python_answers(mounted: Mount
         now = from_c(m)
         assert now >= answered + len(dirs), f"{what}: C answered {now - answered} of {len(dirs)}"
         assert seen == [python_answer(m, p) for p in dirs], what
+        # and no other directory's attributes were left behind
+        assert [attrs(p) for p in everywhere] == [python_answer(m, p) for p in everywhere], what
         answered = from_c(m)
+
+
+def test_creates_that_alternate_between_directories_are_answered_in_c(mounted: Mount) -> None:
+    """A package install writes lib/ and dist/ by turns: each keeps its answer while a
+    create in the other changes only that one."""
+    m = mounted
+    lib, dist = m.mnt / "pkg" / "lib", m.mnt / "pkg" / "dist"
+    os.makedirs(lib)
+    os.makedirs(dist)
+    answered = from_c(m)
+    for i in range(20):
+        for d in (lib, dist):
+            fd = os.open(d / f"m{i}.js", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"module.exports = 1;\n")
+            os.close(fd)
+    # each create but the first in a directory found the directory's answer in C
+    assert from_c(m) - answered >= 2 * 19
+    assert [attrs(d) for d in (lib, dist)] == [python_answer(m, d) for d in (lib, dist)]
 
 
 def test_a_restore_leaves_no_answer_of_c_behind(mounted: Mount) -> None:

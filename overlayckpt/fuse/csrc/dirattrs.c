@@ -8,11 +8,12 @@
  * create, unlink, rename..., before its reply), and the reader thread answers the
  * GETATTRs that follow (kernel_status counts them).
  *
- * What keeps them exact: the table only holds what was published since the last
- * request that may change anything was taken. pyfuse3's thread drops it all when
- * it takes such a request (queue_take: every opcode but the reads below, and the
- * writes to the tree's files, which change no directory), and Python drops it
- * where the daemon changes the tree on its own (a restore's kernel invalidations).
+ * What keeps them exact: a directory is in the table only if it was published
+ * after the last request that may change it was taken. pyfuse3's thread drops, as
+ * it takes each request (queue_take), the directory a create, unlink, setattr...
+ * names, and all of them for a rename, an rmdir, a control command or any request
+ * not known to change nothing (dir_attrs_taking); Python drops them all where the
+ * daemon changes the tree on its own (a restore's kernel invalidations).
  * The reader answers under the table's lock, so an answer from the table is on
  * its way to the kernel before a drop returns, before the change that follows.
  */
@@ -66,9 +67,29 @@ void kcache_drop_dir_attrs(void)
     pthread_mutex_unlock(&table_lock);
 }
 
-/* The requests that change nothing a directory's attributes show. */
-static int changes_no_directory(const struct fuse_in_header *in)
+static void drop_one(uint64_t ino)
 {
+    struct slot *s = &table[ino % SLOTS];
+
+    pthread_mutex_lock(&table_lock);
+    if (s->ino == ino) {
+        s->ino = 0;
+        __atomic_store_n(&used, used - 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* pyfuse3's thread, taking a request to handle: drop what it may change. */
+void dir_attrs_taking(const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+
+    if (!__atomic_load_n(&used, __ATOMIC_ACQUIRE))
+        return;
+    if (len < sizeof(*in)) {
+        kcache_drop_dir_attrs();
+        return;
+    }
     switch (in->opcode) {
     case FUSE_LOOKUP: case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_GETATTR:
     case FUSE_READLINK: case FUSE_OPEN: case FUSE_READ: case FUSE_STATFS: case FUSE_RELEASE:
@@ -76,20 +97,22 @@ static int changes_no_directory(const struct fuse_in_header *in)
     case FUSE_OPENDIR: case FUSE_READDIR: case FUSE_READDIRPLUS: case FUSE_RELEASEDIR:
     case FUSE_FSYNCDIR: case FUSE_ACCESS: case FUSE_INTERRUPT: case FUSE_POLL: case FUSE_LSEEK:
     case FUSE_IOCTL:  /* (none is served: fastpath.c) */
-        return 1;
-    case FUSE_WRITE:  /* to a file of the tree; a control file's write is a command */
-        return in->nodeid < cache_below;
-    default:
-        return 0;
+        return;  /* they change nothing */
+    case FUSE_WRITE:  /* to a file of the tree, no directory; a control file's is a command */
+        if (in->nodeid < cache_below)
+            return;
+        break;
+    /* the directory the request names, and no other: a new child or a file, not in the
+       table (a link's nodeid is the new name's directory; a file's setattr drops nothing) */
+    case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK: case FUSE_UNLINK:
+    case FUSE_LINK: case FUSE_SETATTR: case FUSE_SETXATTR: case FUSE_REMOVEXATTR:
+    case FUSE_FALLOCATE:
+        drop_one(in->nodeid);
+        return;
+    default:  /* rename (it may move a directory of the table), rmdir (it removes one), ... */
+        break;
     }
-}
-
-/* pyfuse3's thread, taking a request to handle: drop the table unless it changes nothing. */
-void dir_attrs_taking(const char *mem, size_t len)
-{
-    if (__atomic_load_n(&used, __ATOMIC_ACQUIRE) &&
-        (len < sizeof(struct fuse_in_header) || !changes_no_directory((const void *)mem)))
-        kcache_drop_dir_attrs();
+    kcache_drop_dir_attrs();
 }
 
 /* The reader thread: answer a GETATTR of a published directory; 0 if it is not one. */
