@@ -7,6 +7,7 @@ one place (see docs/design.md for the meaning of each table).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import stat
 import struct
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ FORMAT_VERSION = 4  # 2: the history index; 3: GROUPFILES and split raw blocks; 
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1
+NAME_MAX = 255  # bytes in a name, as Linux file systems allow
 # Inodes of lower entries are the lower's own st_ino: stable across remounts
 # without a store write per lookup, and equal to what git's index recorded
 # before the mount, so the first `git status` need not re-hash every file.
@@ -60,6 +62,24 @@ def pack_obj(obj: object) -> bytes:
 
 def unpack_obj(raw: bytes) -> Any:
     return msgpack.unpackb(raw, unicode_errors="surrogateescape")
+
+
+KEY_MAX = 511  # bytes in an LMDB key
+_CUT_DIGEST = 16
+
+
+def path_key(prefix: bytes, path: bytes) -> bytes:
+    """prefix + path as a key; for a path too long for one (PATH_MAX is 4,096), prefix, the
+    path's beginning, a NUL (never in a path) and a digest: such a row keeps the path whole."""
+    if len(prefix) + len(path) <= KEY_MAX:
+        return prefix + path
+    digest = hashlib.blake2b(path, digest_size=_CUT_DIGEST).digest()
+    return prefix + path[:KEY_MAX - len(prefix) - 1 - _CUT_DIGEST] + b"\0" + digest
+
+
+def path_cut(key: bytes, prefix_len: int) -> bool:
+    """Whether path_key cut the path of key (whose prefix has prefix_len bytes)."""
+    return b"\0" in key[prefix_len:]
 
 
 def u64(n: int) -> bytes:

@@ -1076,3 +1076,43 @@ def test_fifo_and_exchange_of_lower_dirs(sample: Mount, tmp_path: Path) -> None:
         os.rename(root / "src" / "guide.txt", root / "docs" / "pkg" / "guide.txt")
         os.rmdir(root / "src")
     assert tree_digest(str(sample.mnt)) == tree_digest(str(native))
+
+
+def test_names_and_paths_at_the_limits_as_natively(sample: Mount, tmp_path: Path) -> None:
+    """pjdfstest's 02.t and 03.t: a 256-byte name is ENAMETOOLONG for every call (a
+    lookup as a create), and directories nest down to a path of 4,095 bytes, which is
+    longer than a key of the store."""
+    native = tmp_path / "native"
+    native.mkdir()
+    long_name = "n" * 256
+
+    def calls(root: Path) -> list[tuple]:
+        p = root / long_name
+        out = [outcome(lambda c=c: c()) for c in (
+            lambda: os.stat(p), lambda: os.chmod(p, 0o600), lambda: os.unlink(p),
+            lambda: os.rmdir(p), lambda: os.truncate(p, 0), lambda: os.rename(root / "nope", p),
+            lambda: os.link(root / "nope", p), lambda: os.mkdir(p), lambda: open(p, "w"),
+            lambda: os.symlink("x", p))]
+        # 128-byte names down to PATH_MAX (4,096 with its NUL): each call as natively
+        here, names = root, []
+        while len(str(here)) + 129 < 4095:
+            here = here / ("d%03d" % len(names) + "x" * 124)
+            names.append(outcome(lambda h=here: os.mkdir(h)))
+        out.append(tuple(names))
+        last = here / ("f" * (4094 - len(str(here)) - 1))
+        for c in (lambda: last.write_text("x"), lambda: os.stat(last).st_size,
+                  lambda: os.chmod(last, 0o600), lambda: os.rename(last, here / "g"),
+                  lambda: os.link(here / "g", last), lambda: os.unlink(here / "g"),
+                  lambda: os.stat(str(last) + "z"), lambda: os.mkfifo(here / "fifo"),
+                  lambda: os.rmdir(here)):
+            out.append(outcome(c))
+        return out
+
+    # the same lengths below both: each root is padded to one length
+    length = max(len(str(native)), len(str(sample.mnt))) + 2
+    roots = [r / ("m" * (length - len(str(r)) - 1)) for r in (native, sample.mnt)]
+    for r in roots:
+        r.mkdir()
+    want = calls(roots[0])
+    assert calls(roots[1]) == want
+    assert ("ok", None) in want and ("err", "ENAMETOOLONG") in want

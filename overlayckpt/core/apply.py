@@ -26,9 +26,10 @@ from overlayckpt.core import history
 from overlayckpt.core.context import Context
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
-from overlayckpt.core.seen import is_git_index, repo_digest
+from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
 from overlayckpt.records import (
-    CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, Node, from_u64, lower_ino, pack_obj, unpack_obj,
+    CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, Node, from_u64, lower_ino, pack_obj, path_cut,
+    path_key, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
@@ -37,7 +38,12 @@ from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, PINNED, SEEN, SEQ_KE
 
 
 def pin_key(path: bytes) -> bytes:
-    return b"/" + path  # LMDB keys cannot be empty, and the root's path is b""
+    return path_key(b"/", path)  # LMDB keys cannot be empty, and the root's path is b""
+
+
+def pinned_path(key: bytes, rec: dict[str, Any]) -> bytes:
+    """The path of the pin at key (rec: its record, which keeps a path too long for a key)."""
+    return rec["path"] if path_cut(key, 1) else key[1:]
 
 
 def pin_lookup(store: Store) -> PinLookup | None:
@@ -118,8 +124,11 @@ class Applier:
                 rec["blocks"] = blocks
             finally:
                 f.close()
+        key = pin_key(path)
+        if path_cut(key, 1):
+            rec["path"] = path
         raw = pack_obj(rec)
-        store.write(lambda w: w.put(PINNED, pin_key(path), raw))
+        store.write(lambda w: w.put(PINNED, key, raw))
         self.stats["pinned"] += 1
         if self.lower.pins is None:
             self.lower.pins = pin_lookup(store)
@@ -158,7 +167,10 @@ class Applier:
     # -- conflicts with changes made to the repo itself -------------------------
 
     def _seen(self) -> list[tuple[bytes, list[int]]]:
-        return self.ctx.store.read(lambda r: [(k[1:], unpack_obj(v)) for k, v in r.range_from(SEEN)])
+        def fn(r: ReadTxn) -> list[tuple[bytes, list[Any]]]:
+            records = ((k, unpack_obj(v)) for k, v in r.range_from(SEEN))
+            return [(seen_path(k, rec), rec) for k, rec in records]
+        return self.ctx.store.read(fn)
 
     def refuse_conflicts(self, state: Any) -> None:
         """Refuse to overwrite a file that changed in the repo since the session first
@@ -212,7 +224,8 @@ class Applier:
             st = lstat_beneath(self.fd, path)
             record: list[Any] = seen_fingerprint(st)
             digest = repo_digest(self.fd, path, st.st_size) if st and stat.S_ISREG(st.st_mode) else None
-            updates.append((b"/" + path, pack_obj(record + ([digest] if digest else []))))
+            key = seen_key(path)
+            updates.append((key, seen_value(key, path, record + ([digest] if digest else []))))
 
         def fn(w: Any) -> None:
             for key, value in updates:

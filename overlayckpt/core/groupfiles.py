@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from overlayckpt.core import history
-from overlayckpt.records import Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.records import Checkpoint, JournalRecord, from_u64, path_cut, path_key, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
@@ -37,8 +37,26 @@ def fold(before: str | None, change: str) -> str:
     return change if before is None or change != "M" else before
 
 
+def _encode(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
 def _key(start: int, path: str) -> bytes:
-    return u64(start) + path.encode("utf-8", "surrogateescape")
+    return path_key(u64(start), _encode(path))
+
+
+# a path too long for a key is kept whole in its row's value, after its change and a NUL
+def _value(key: bytes, path: str, change: str) -> bytes:
+    return change.encode() + b"\0" + _encode(path) if path_cut(key, 8) else change.encode()
+
+
+def _change(value: bytes) -> str:
+    return value.split(b"\0", 1)[0].decode()
+
+
+def _path(key: bytes, value: bytes) -> str:
+    whole = value.split(b"\0", 1)[1] if b"\0" in value else key[8:]
+    return whole.decode("utf-8", "surrogateescape")
 
 
 def record(w: WriteTxn, group_start: int, paths: Iterable[str], changes: Iterable[str]) -> None:
@@ -46,19 +64,21 @@ def record(w: WriteTxn, group_start: int, paths: Iterable[str], changes: Iterabl
     for path, change in zip(paths, changes):
         key = _key(group_start, path)
         raw = w.get(GROUPFILES, key)
-        before = raw.decode() if raw is not None else None
+        before = _change(raw) if raw is not None else None
         after = fold(before, change)
         if after != before:
-            w.put(GROUPFILES, key, after.encode())
+            w.put(GROUPFILES, key, _value(key, path, after))
 
 
 def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
     """The net file changes of checkpoint ck's group, sorted by path."""
     if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
         return []
-    gone = GONE.encode()
-    return [{"path": k[8:].decode("utf-8", "surrogateescape"), "change": v.decode()}
-            for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)) if v != gone]
+    rows = list(r.prefix(GROUPFILES, u64(ck.start_seq)))
+    out = [{"path": _path(k, v), "change": _change(v)} for k, v in rows if _change(v) != GONE]
+    if any(path_cut(k, 8) for k, _ in rows):  # (then it sorts by its digest)
+        out.sort(key=lambda f: _encode(f["path"]))
+    return out
 
 
 # -- thinning ------------------------------------------------------------------------
@@ -84,7 +104,8 @@ def replace(w: WriteTxn, lo: int, hi: int, start: int, rows: dict[str, str]) -> 
             break
         w.delete(GROUPFILES, k)
     for path, change in sorted(rows.items()):
-        w.put(GROUPFILES, _key(start, path), change.encode())
+        key = _key(start, path)
+        w.put(GROUPFILES, key, _value(key, path, change))
 
 
 # -- built, rebuilt, checked ---------------------------------------------------------
@@ -99,15 +120,16 @@ class Expected:
     stored ones; ensure writes them)."""
 
     def __init__(self) -> None:
-        self._net: dict[bytes, str] = {}
+        self._net: dict[bytes, tuple[str, str]] = {}  # key -> path, its change
 
     def add(self, start: int, rec: JournalRecord) -> None:
         for path, change in zip(rec.paths, rec.changes):
             key = _key(start, path)
-            self._net[key] = fold(self._net.get(key), change)
+            before = self._net.get(key)
+            self._net[key] = path, fold(before[1] if before else None, change)
 
     def rows(self) -> dict[bytes, bytes]:
-        return {k: v.encode() for k, v in self._net.items()}
+        return {k: _value(k, path, change) for k, (path, change) in self._net.items()}
 
 
 def expected(r: ReadTxn) -> dict[bytes, bytes]:

@@ -23,11 +23,11 @@ from overlayckpt.errors import FsError
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
-from overlayckpt.core.seen import seen_record
+from overlayckpt.core.seen import seen_key, seen_record, seen_value
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, ROOT_INO, T_BMAP, T_DIRENTS,
+    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, NAME_MAX, ROOT_INO, T_BMAP, T_DIRENTS,
     T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
-    dirent_key, from_u64, pack_obj, u64, xattr_key,
+    dirent_key, from_u64, u64, xattr_key,
 )
 from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
 from overlayckpt.core.tree import Tree
@@ -136,9 +136,9 @@ class Overlay(Tree):
             m.put_node(ino, node)
             if node.origin is not None and not node.is_dir:
                 # what the repo held when we first changed it: apply checks it is still so
-                key = b"/" + node.origin
+                key = seen_key(node.origin)
                 if m.get(SEEN, key) is None:
-                    m.w.put(SEEN, key, pack_obj(seen_record(self.lower, ino, node)))
+                    m.w.put(SEEN, key, seen_value(key, node.origin, seen_record(self.lower, ino, node)))
         return node
 
     def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False) -> None:
@@ -166,7 +166,7 @@ class Overlay(Tree):
     def _check_name(self, parent: int, name: bytes) -> None:
         if parent == ROOT_INO and name == CONTROL_NAME:
             raise FsError(errno.EPERM, "the control directory is reserved")
-        if len(name) > 255:
+        if len(name) > NAME_MAX:
             raise FsError(errno.ENAMETOOLONG)
 
     def _link_entry(self, m: Mutation, parent: int, name: bytes, ino: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import blake3
 
 from overlayckpt.core.lower import Lower, openat2_beneath
-from overlayckpt.records import Node
+from overlayckpt.records import Node, pack_obj, path_cut, path_key
 
 # a file up to this size is hashed when first changed (once per file per session)
 HASH_MAX = 256 << 10
@@ -129,6 +129,22 @@ def seen_record(lower: Lower, ino: int, node: Node) -> list[Any]:
         if digest is not None:
             record.append(digest)
     return record
+
+
+def seen_key(path: bytes) -> bytes:
+    return path_key(b"/", path)
+
+
+def seen_value(key: bytes, path: bytes, record: list[Any]) -> bytes:
+    """record packed; one whose path is too long for its key keeps it fifth, after the
+    digest (None when there is none)."""
+    if path_cut(key, 1):
+        record = record[:4] + [None] * (4 - len(record[:4])) + [path]
+    return pack_obj(record)
+
+
+def seen_path(key: bytes, record: list[Any]) -> bytes:
+    return record[4] if path_cut(key, 1) else key[1:]
 
 
 def repo_digest(dirfd: int, path: bytes, size: int) -> bytes | None:

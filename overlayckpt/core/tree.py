@@ -20,7 +20,7 @@ from typing import Protocol
 from overlayckpt.errors import FsError, enoent
 from overlayckpt.core.lower import Lower, LowerFile, join, split
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, ROOT_INO, WHITEOUT, Node, bmap_key, dirent_key,
+    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, NAME_MAX, ROOT_INO, WHITEOUT, Node, bmap_key, dirent_key,
     from_u64, lower_ino, u64, xattr_key,
 )
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
@@ -178,6 +178,8 @@ class Tree:
 
     def lookup(self, s: State, parent: int, name: bytes, siblings: bool = True) -> int:
         """The inode at parent/name, or FsError(ENOENT). siblings: see Lower.stat."""
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
         if parent == ROOT_INO and name == CONTROL_NAME:
             raise enoent()
         raw = s.get(DIRENTS, dirent_key(parent, name))

@@ -11,7 +11,8 @@ from typing import Any
 
 import blake3
 
-from overlayckpt.core.apply import seen_fingerprint
+from overlayckpt.core.apply import pinned_path, seen_fingerprint
+from overlayckpt.core.seen import seen_path
 from overlayckpt.errors import FsError
 from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.records import (
@@ -37,7 +38,7 @@ def lower_identity(r: ReadTxn) -> tuple[list[list[Any]], list[bytes]]:
         for table, key, old in JournalRecord.unpack(from_u64(k), v).undo:
             if table == T_NODES and old:
                 note(from_u64(key), old)
-    pinned = [k[1:] for k, _ in r.range_from(PINNED)]
+    pinned = [pinned_path(k, unpack_obj(v)) for k, v in r.range_from(PINNED)]
     return [[ino, path] for ino, path in sorted(inos.items())], pinned
 
 
@@ -93,7 +94,8 @@ def lower_files(r: ReadTxn, identity: Identity, lower: list[list[Any]]) -> list[
     out: dict[int, list[Any]] = {}
     for k, v in r.range_from(PINNED):
         if k != b"/":  # the root is always ROOT_INO
-            out.setdefault(lower_ino(unpack_obj(v)["st"][1]), [k[1:], None, None, None])
+            pin = unpack_obj(v)
+            out.setdefault(lower_ino(pin["st"][1]), [pinned_path(k, pin), None, None, None])
     pinned = {e[0] for e in out.values()}
     for ino, path in lower:
         if path in pinned:
@@ -121,8 +123,10 @@ def seen_files(r: ReadTxn, identity: Identity) -> list[list[Any]]:
     check) recorded them: import gives a checkout holding the same content their fingerprint."""
     out = []
     for k, v in r.range_from(SEEN):
-        found = identity(k[1:])
+        rec = unpack_obj(v)
+        path = seen_path(k, rec)
+        found = identity(path)
         if (found is not None and stat.S_ISREG(found[0].st_mode)
-                and unpack_obj(v)[:3] == seen_fingerprint(found[0])):
-            out.append([k[1:], found[1][1], found[1][2]])
+                and rec[:3] == seen_fingerprint(found[0])):
+            out.append([path, found[1][1], found[1][2]])
     return out
