@@ -47,8 +47,7 @@ Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 T = TypeVar("T")
-# Writes acknowledged in C wait this long (seconds) for a write transaction to join.
-STORE_DEFERRED_AFTER = 0.002
+STORE_DEFERRED_TURNS = 8
 
 
 def translate_errors(fn: F) -> F:
@@ -480,11 +479,15 @@ class Operations(pyfuse3.Operations):
         return len(buf)
 
     async def _store_deferred_soon(self) -> None:
-        """Commit the deferred writes STORE_DEFERRED_AFTER from now, unless the next write
-        transaction has taken them first: a file's create and its first write, or the
-        writes of a burst, then cost one commit, not two."""
+        """Commit the deferred writes once no request waits (those queued may add to them),
+        or after a few turns of the loop: its tasks may all be waiting on something else.
+        (Waiting for the next write transaction instead saves a commit, but puts the
+        writes' capture on that request's path: atomic saves were 7-15% slower.)"""
         try:
-            await trio.sleep(STORE_DEFERRED_AFTER)
+            for _ in range(STORE_DEFERRED_TURNS):
+                if not (kcache.requests_waiting() and self.ov.store.deferred()):
+                    break
+                await trio.sleep(0)
         finally:
             self._storing_soon = False
             try:
