@@ -477,6 +477,9 @@ class Store:
     def deferred(self) -> int:
         return len(self._deferred)
 
+    def deferred_bytes(self) -> int:
+        return self._deferred_bytes
+
     def store_deferred(self) -> None:
         """Commit the deferred writes now: together, or each on its own if that fails."""
         if self._deferred:
