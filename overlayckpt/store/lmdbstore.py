@@ -42,7 +42,7 @@ from overlayckpt.records import (
 )
 from overlayckpt.tables import (
     BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
-    FORMAT_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
+    FORMAT_KEY, GROUPFILES_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -318,6 +318,8 @@ class Store:
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
                 if version < 4:
                     _count_inodes(w)
+                if version < 5:  # each group's counts row (groupfiles.py): rebuilt at open
+                    w.delete(META, GROUPFILES_KEY)
             if version == 0 and not new or version > FORMAT_VERSION:
                 txn.abort()
                 env.close()
