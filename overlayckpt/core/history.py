@@ -10,10 +10,14 @@ keys that changed since, never the journal records in between:
   Only a key's first change in each group (the records between two
   checkpoints) is kept: checkpoints sit at group boundaries only, so a later
   change in the same group is never any checkpoint's value.
-- CHANGED: seq + vkey -> b"", one entry per key: the record of its newest
+- CHANGED: seq + vkey -> born, one entry per key: the record of its newest
   version, so the keys changed at or after a position are one range. (The
   newest version is the last of the key's VERSIONS entries: that is how its
-  CHANGED entry is found to move it.)
+  CHANGED entry is found to move it.) born (format 5) is the seq of the key's
+  oldest version when the key was absent before it (a name or block the session
+  made), else b"": a key born at or after a position was absent there, known
+  without a lookup in VERSIONS (a restore across 100,000 names made and removed
+  since reads none of their versions).
 
 vkey is the table code, the key and a NUL: names hold no NUL and the other
 keys have a fixed length, so one key's versions are contiguous and sorted by
@@ -39,6 +43,9 @@ TABLE_CODES = {name: code for code, name in TABLE_NAMES.items()}
 _ABSENT = b"\0"
 _PRESENT = b"\1"
 _AFTER_ALL = b"\xff" * 8  # above every seq: skips past one key's versions
+BORN_KEY_VERSION = 2  # HISTORY_KEY's value once CHANGED holds each key's born seq
+# A key's newest version as restores carry it ("token"): its seq (8 bytes), then its
+# CHANGED value (born: 8 bytes or none)
 
 
 def vkey(code: int, key: bytes) -> bytes:
@@ -72,9 +79,11 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
         if last is not None:
             if last >= start:  # (big-endian: bytes order is number order)
                 continue  # already versioned in this group
-            w.delete(CHANGED, last + vk)
+            born = w.pop(CHANGED, last + vk) or b""
+        else:
+            born = at if old is None else b""
         w.put(VERSIONS, vk + at, _tag(old))
-        w.put(CHANGED, at + vk, b"")
+        w.put(CHANGED, at + vk, born)
 
 
 def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | None]) -> None:
@@ -83,13 +92,28 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    w.delete_many(CHANGED, sorted(last + vk for vk, _, last in rows if last is not None))
-    w.put_many(CHANGED, [(at + vk, b"") for vk, _, _ in rows], append=True)
+    w.delete_many(CHANGED, sorted(last[:8] + vk for vk, _, last in rows if last is not None))
+    w.put_many(CHANGED, [(at + vk, _born(last, old, at)) for vk, old, last in rows], append=True)
+
+
+def _born(last: bytes | None, old: bytes | None, at: bytes) -> bytes:
+    """The born value of a key whose newest version (token) was last, versioned at at."""
+    if last is None:
+        return at if old is None else b""
+    return last[8:]
+
+
+def born_since(token: bytes, at: bytes) -> bool:
+    """Whether the key of this token (newest_since's) was absent at position at (8 bytes)
+    because it was born at or after it."""
+    return len(token) == 16 and token[8:] >= at
 
 
 def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:
-    """The seq (8 bytes) of the key's newest version, or None if it has none."""
-    return _newest(r, vkey(code, key))
+    """The token of the key's newest version, or None if it has none."""
+    vk = vkey(code, key)
+    last = _newest(r, vk)
+    return None if last is None else last + (r.get(CHANGED, last + vk) or b"")
 
 
 def _newest(r: ReadTxn, vk: bytes) -> bytes | None:
@@ -108,9 +132,15 @@ def merge(w: WriteTxn, lo: int, hi: int, into: int, first: dict[Key, bytes | Non
                 break
             w.delete(VERSIONS, k)
         w.put(VERSIONS, vk + u64(into), _tag(old))
-        if last is not None and lo <= from_u64(last) < hi:  # the newest version moved
+        if last is None:
+            continue
+        born = w.get(CHANGED, last + vk) or b""
+        moved = born and lo <= from_u64(born) < hi  # (its oldest version is the merged one)
+        if lo <= from_u64(last) < hi:  # the newest version moved
             w.delete(CHANGED, last + vk)
-            w.put(CHANGED, u64(into) + vk, b"")
+            w.put(CHANGED, u64(into) + vk, u64(into) if moved else born)
+        elif moved:
+            w.put(CHANGED, last + vk, u64(into))
 
 
 def is_built(r: ReadTxn) -> bool:
@@ -118,15 +148,31 @@ def is_built(r: ReadTxn) -> bool:
 
 
 def ensure(w: WriteTxn) -> bool:
-    """Rebuild the index from the journal if it is missing. Returns whether it was."""
+    """Rebuild the index from the journal if it is missing (and give an older one its
+    born values). Returns whether it was missing."""
     if is_built(w):
+        if w.meta_int(HISTORY_KEY) < BORN_KEY_VERSION:
+            _add_born(w)
         return False
     for table in (VERSIONS, CHANGED):
         w.clear(table)
     for start, rec in grouped_records(w, JournalRecord.unpack):
         record(w, start, rec.seq, rec.undo)
-    w.set_meta_int(HISTORY_KEY, 1)
+    w.set_meta_int(HISTORY_KEY, BORN_KEY_VERSION)
     return True
+
+
+def _add_born(w: WriteTxn) -> None:
+    """The born value of every CHANGED entry, from each key's oldest version (an index
+    of format 4, or a new store's empty one)."""
+    born = []
+    for k in list(w.keys_from(CHANGED, b"")):
+        vk = k[8:]
+        oldest = w.seek(VERSIONS, vk)
+        if oldest is not None and oldest[0][:-8] == vk and oldest[1][:1] == _ABSENT:
+            born.append((k, oldest[0][-8:]))
+    w.put_many(CHANGED, born)
+    w.set_meta_int(HISTORY_KEY, BORN_KEY_VERSION)
 
 
 def grouped_records(r: ReadTxn, unpack: Callable[[int, bytes], JournalRecord]
@@ -156,13 +202,15 @@ class Expected:
         for code, key, old in rec.undo:
             vk = vkey(code, key)
             last = self._latest.get(vk)
+            at = u64(rec.seq)
             if last is not None:
                 if last >= u64(start):
                     continue
-                del changed[last + vk]
-            at = u64(rec.seq)
+                born = changed.pop(last + vk)
+            else:
+                born = at if old is None else b""
             versions[vk + at] = _tag(old)
-            changed[at + vk] = b""
+            changed[at + vk] = born
             self._latest[vk] = at
 
 
@@ -185,13 +233,14 @@ def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
 
 
 def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[int, bytes, bytes]]:
-    """(code, key, seq of its newest version) of every key changed at or after seq, but
+    """(code, key, token of its newest version) of every key changed at or after seq, but
     for the keys of the inodes numbered from below on (0: none left out). Every key begins
     with its inode, so those are left out by a byte compare, before any tuple is made."""
     if not below:
-        return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq))]
+        return [(k[8], k[9:-1], k[:8] + v) for k, v in r.range_from(CHANGED, u64(seq))]
     limit = u64(below)
-    return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq)) if k[9:17] < limit]
+    return [(k[8], k[9:-1], k[:8] + v) for k, v in r.range_from(CHANGED, u64(seq))
+            if k[9:17] < limit]
 
 
 # A whole restore reads a version of each key it writes and the pages its write changes,
@@ -248,8 +297,9 @@ def warm_up(r: ReadTxn, found: list[tuple[int, bytes, bytes]], seq: int) -> bool
     if len(found) < max(WARM_MIN, WARM_SAMPLE):
         return False
     at = u64(seq)
-    if not _cold(r, VERSIONS, [vkey(code, key) + at
-                               for code, key, _ in found[::len(found) // WARM_SAMPLE]]):
+    sample = [vkey(code, key) + at for code, key, last in found[::len(found) // WARM_SAMPLE]
+              if not born_since(last, at)]
+    if not sample or not _cold(r, VERSIONS, sample):
         return False
     _in_threads(r, lambda view, i: _touch(view, found[i::WARM_THREADS], seq))
     return True
@@ -259,22 +309,30 @@ def _touch(r: ReadTxn, part: list[tuple[int, bytes, bytes]], seq: int) -> None:
     at = u64(seq)
     for code, key, last in part:
         vk = vkey(code, key)
-        r.seek(VERSIONS, vk + at)  # the value then
-        r.seek(VERSIONS, vk + last)  # where the restore's version goes
-        r.get(CHANGED, last + vk)  # the entry it moves
-        r.get(TABLE_NAMES[code], key)  # the value now
+        now = r.get(TABLE_NAMES[code], key)  # the value now
+        if born_since(last, at):  # absent then: written only if present now
+            if now is None:
+                continue
+        else:
+            r.seek(VERSIONS, vk + at)  # the value then
+        r.seek(VERSIONS, vk + last[:8])  # where the restore's version goes
+        r.get(CHANGED, last[:8] + vk)  # the entry it moves
 
 
-def value_then(r: ReadTxn, code: int, key: bytes, seq: int) -> bytes | None:
-    """The value at seq of a key that changed at or after seq (one of newest_since's)."""
-    return _untag(r.seek(VERSIONS, vkey(code, key) + u64(seq))[1])  # type: ignore[index]
+def value_then(r: ReadTxn, code: int, key: bytes, seq: int, token: bytes = b"") -> bytes | None:
+    """The value at seq of a key that changed at or after seq (one of newest_since's,
+    with its token: one born since was absent)."""
+    at = u64(seq)
+    if born_since(token, at):
+        return None
+    return _untag(r.seek(VERSIONS, vkey(code, key) + at)[1])  # type: ignore[index]
 
 
 def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None, bytes]]:
-    """(code, key, value at seq, seq of its newest version) of every key changed at or
+    """(code, key, value at seq, token of its newest version) of every key changed at or
     after seq."""
     for code, key, last in newest_since(r, seq):
-        yield code, key, value_then(r, code, key, seq), last
+        yield code, key, value_then(r, code, key, seq, last), last
 
 
 def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[tuple[bytes, bytes | None]]:

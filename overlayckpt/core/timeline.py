@@ -158,12 +158,12 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     history.warm_changed(r, seq)
     found = history.newest_since(r, seq, next_ino)
     history.warm_up(r, found, seq)
-    node_code, get = TABLE_CODES[NODES], r.get
+    node_code, get, at = TABLE_CODES[NODES], r.get, u64(seq)
     unborn: set[bytes] = set()
     rows: Rows = {}
     for code, key, last in found:
         if code == node_code:
-            value = history.value_then(r, code, key, seq)
+            value = None if history.born_since(last, at) else history.value_then(r, code, key, seq)
             if _unborn(NODES, key, value):
                 unborn.add(key)
                 continue
@@ -174,8 +174,12 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
         if code == node_code or key[:8] in unborn:
             continue
         table = TABLE_NAMES[code]
-        value = history.value_then(r, code, key, seq)
         current = get(table, key)
+        if history.born_since(last, at):  # (absent then: no version to read)
+            if current is not None:
+                rows[(table, key)] = (None, current, last)
+            continue
+        value = history.value_then(r, code, key, seq)
         if current != value:
             rows[(table, key)] = (value, current, last)
     return rows

@@ -229,6 +229,10 @@ class WriteTxn(ReadTxn):
             key = key if found is None else found[0]
         self.txn.delete(key, db=self.store.dbs[table])
 
+    def pop(self, table: bytes, key: bytes) -> bytes | None:
+        """Delete the entry and return its value (None: there was none); not of BLOCKS."""
+        return self.txn.pop(key, db=self.store.dbs[table])
+
     def put_many(self, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False) -> None:
         """Puts in one call: py-lmdb's putmulti loops in C (a put from Python costs 0.4 us,
         one of putmulti's, in key order, 0.1)."""
