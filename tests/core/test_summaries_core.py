@@ -132,16 +132,16 @@ async def test_an_entry_of_many_files_reads_its_first_rows_and_shows_what_all_of
     from overlayckpt.service.commands import LOG_FILES
     ov = session.overlay
     for i in range(LOG_FILES + 40):
-        put(ov, ME, f"new/f{i:03d}.txt", b"x")
+        put(ov, ME, f"a/f{i:03d}.txt", b"x")
     for i in range(3):
         put(ov, ME, f".git/objects/{i:02d}", b"o")
-    put(ov, ME, "README.md", b"changed")
-    put(ov, ME, "zz/late.txt", b"y")  # a file after the first LOG_FILES names
-    ov.remove(ME, ino(ov, "new"), b"f001.txt", False)
-    put(ov, ME, "new/f001.txt", b"again")  # deleted and made again: still A
+    put(ov, ME, "docs/guide.txt", b"changed")  # the one M, after the first LOG_FILES names
+    put(ov, ME, "zz/late.txt", b"y")
+    ov.remove(ME, ino(ov, "a"), b"f001.txt", False)
+    put(ov, ME, "a/f001.txt", b"again")  # deleted and made again: still A
     put(ov, ME, "tmp.txt", b"t")
     ov.remove(ME, ROOT_INO, b"tmp.txt", False)  # made and removed: gone, not counted
-    put(ov, OTHER, "docs/guide.txt", b"other group")
+    put(ov, OTHER, "README.md", b"other group")
     Timeline(session).seal()
     ck = session.store.read(lambda r: Timeline(session).get(r, 1))
     every = session.store.read(lambda r: groupfiles.files(r, ck))
