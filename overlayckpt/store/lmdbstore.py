@@ -141,6 +141,11 @@ class ReadTxn:
         cur = self.txn.cursor(db=self.store.dbs[table])
         return cur.iternext(values=False) if cur.set_range(start) else iter(())
 
+    def items_from(self, table: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with keys >= start ascending, iterated in C (not of BLOCKS: split keys)."""
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        return cur.iternext() if cur.set_range(start) else iter(())
+
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
