@@ -42,6 +42,7 @@ CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
 WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
 HISTORY_KEY = b"history"          # present when the history index matches the journal
+HISTORY_BORN = 2                  # its value once CHANGED has layers and born values (format 5)
 GROUPFILES_KEY = b"groupfiles"    # present when GROUPFILES matches the journal
 DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are rebuilt at open
 APPLIED_KEY = b"applied"          # the journal position the repo was last applied at

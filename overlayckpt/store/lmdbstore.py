@@ -42,7 +42,7 @@ from overlayckpt.records import (
 )
 from overlayckpt.tables import (
     BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
-    FORMAT_KEY, GROUPFILES_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
+    FORMAT_KEY, GROUPFILES_KEY, HISTORY_BORN, HISTORY_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ class Store:
             if version == 0 and new:
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
                 for key in DERIVED_KEYS:  # an empty journal: empty derived tables match it
-                    w.set_meta_int(key, 1)
+                    w.set_meta_int(key, HISTORY_BORN if key == HISTORY_KEY else 1)
             elif 0 < version < FORMAT_VERSION:
                 # the new tables are there, empty: open fills them; from 2 only blocks
                 # stored from now on are split

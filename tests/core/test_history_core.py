@@ -260,8 +260,10 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
             txn.put(key, pack_obj(unpack_obj(value)[:10]), db=ckpts)
         if old > 1:
             changed = env.open_db(CHANGED, txn=txn)
-            for key in [k for k, v in txn.cursor(db=changed) if v]:
-                txn.put(key, b"", db=changed)
+            keys = [k for k, _ in txn.cursor(db=changed)]
+            txn.drop(changed, delete=False)
+            for key in keys:  # (format 4: seq + vkey -> b"", no layer)
+                txn.put(key[1:], b"", db=changed)
             txn.put(HISTORY_KEY, u64(1), db=meta)
         if old > 2:
             rows = env.open_db(GROUPFILES, txn=txn)
