@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import takewhile
 
 from overlayckpt.records import FIRST_UPPER_INO, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
@@ -250,7 +251,8 @@ def _layer(r: ReadTxn, layer: bytes, seq: int) -> Iterator[tuple[bytes, bytes]]:
     """(seq + vkey, born) of the CHANGED entries of one layer from seq on."""
     if layer == _UPPER:  # (the tail: nothing after it)
         return ((k[1:], v) for k, v in r.items_from(CHANGED, _UPPER + u64(seq)))
-    return ((k[1:], v) for k, v in r.items_from(CHANGED, _LOWER + u64(seq)) if k[:1] == _LOWER)
+    return ((k[1:], v) for k, v in takewhile(lambda e: e[0][:1] == _LOWER,
+                                              r.items_from(CHANGED, _LOWER + u64(seq))))
 
 
 def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[bytes, bytes]]:
