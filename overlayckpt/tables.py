@@ -20,7 +20,7 @@ CONV = b"conv"          # conversation line key -> entry
 SEEN = b"seen"          # repo file -> what the session first saw of it
 # the history index (core/history.py): derived from the journal, rebuilt when missing
 VERSIONS = b"versions"  # versioned key + seq -> the key's value before that group changed it
-CHANGED = b"changed"    # seq + versioned key -> born seq or b"": each key's newest version
+CHANGED = b"changed"    # layer + seq + versioned key -> born seq or b"": each key's newest version
 # each group's net file changes (core/groupfiles.py): derived too
 GROUPFILES = b"groupfiles"  # group start seq + path -> its net change in the group (+ NUL: counts)
 
