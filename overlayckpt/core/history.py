@@ -31,6 +31,7 @@ format 1, imported, recovered) has it rebuilt from the journal at open.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
@@ -103,8 +104,10 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
     w.delete_many(CHANGED, sorted(_ck(last[:8], vk) for vk, _, last in rows if last is not None))
-    new = [(_ck(at, vk), _born(last, old, at)) for vk, old, last in rows]
-    w.put_many(CHANGED, sorted(new))  # (the repo's first, then the tail's: appended)
+    new = sorted((_ck(at, vk), _born(last, old, at)) for vk, old, last in rows)
+    tail = bisect_left(new, (_UPPER,))  # (the first of the overlay's layer)
+    w.put_many(CHANGED, new[:tail])  # (the repo's layer)
+    w.put_many(CHANGED, new[tail:], append=True)  # (the overlay's: the table's tail)
 
 
 def _born(last: bytes | None, old: bytes | None, at: bytes) -> bytes:
