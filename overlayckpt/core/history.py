@@ -31,7 +31,6 @@ format 1, imported, recovered) has it rebuilt from the journal at open.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
@@ -103,18 +102,14 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    w.delete_many(CHANGED, sorted(_ck(last[:8], vk) for vk, _, last in rows if last is not None))
-    new = sorted((_ck(at, vk), _born(last, old, at)) for vk, old, last in rows)
-    tail = bisect_left(new, (_UPPER,))  # (the first of the overlay's layer)
-    w.put_many(CHANGED, new[:tail])  # (the repo's layer)
-    w.put_many(CHANGED, new[tail:], append=True)  # (the overlay's: the table's tail)
-
-
-def _born(last: bytes | None, old: bytes | None, at: bytes) -> bytes:
-    """The born value of a key whose newest version (token) was last, versioned at at."""
-    if last is None:
-        return at if old is None else b""
-    return last[8:]
+    up = _FIRST_UPPER  # (_ck written out: a restore may write 20,000 rows)
+    w.delete_many(CHANGED, sorted((_UPPER if vk[1:9] >= up else _LOWER) + last[:8] + vk
+                                  for vk, _, last in rows if last is not None))
+    for layer, mine in ((_LOWER, [r for r in rows if r[0][1:9] < up]),
+                        (_UPPER, [r for r in rows if r[0][1:9] >= up])):
+        w.put_many(CHANGED, [(layer + at + vk, (at if old is None else b"") if last is None
+                              else last[8:]) for vk, old, last in mine],
+                   append=layer == _UPPER)  # (the overlay's layer is the table's tail)
 
 
 def born_since(token: bytes, at: bytes) -> bool:
