@@ -17,8 +17,9 @@ import msgpack
 
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
-FORMAT_VERSION = 4  # 2: the history index; 3: GROUPFILES and split raw blocks; 4: the inode
-# counter at each checkpoint (Checkpoint.next_ino); older formats are upgraded at open
+FORMAT_VERSION = 5  # 2: the history index; 3: GROUPFILES and split raw blocks; 4: the inode
+# counter at each checkpoint (Checkpoint.next_ino); 5: each group's counts row in GROUPFILES;
+# older formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
 
 ROOT_INO = 1

@@ -20,9 +20,9 @@ CONV = b"conv"          # conversation line key -> entry
 SEEN = b"seen"          # repo file -> what the session first saw of it
 # the history index (core/history.py): derived from the journal, rebuilt when missing
 VERSIONS = b"versions"  # versioned key + seq -> the key's value before that group changed it
-CHANGED = b"changed"    # seq + versioned key -> b"": each key's newest version
+CHANGED = b"changed"    # layer + seq + versioned key -> born seq or b"": each key's newest version
 # each group's net file changes (core/groupfiles.py): derived too
-GROUPFILES = b"groupfiles"  # group start seq + path -> its net change in the group
+GROUPFILES = b"groupfiles"  # group start seq + path -> its net change in the group (+ NUL: counts)
 
 HISTORY_TABLES = (VERSIONS, CHANGED)
 DERIVED_TABLES = (*HISTORY_TABLES, GROUPFILES)  # bundles and salvage leave these out
@@ -42,6 +42,7 @@ CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
 WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
 HISTORY_KEY = b"history"          # present when the history index matches the journal
+HISTORY_BORN = 2                  # its value once CHANGED has layers and born values (format 5)
 GROUPFILES_KEY = b"groupfiles"    # present when GROUPFILES matches the journal
 DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are rebuilt at open
 APPLIED_KEY = b"applied"          # the journal position the repo was last applied at

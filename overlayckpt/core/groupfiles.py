@@ -4,7 +4,11 @@ files makes one group of 40,000 records).
 
 GROUPFILES: group start seq + path -> the path's net change in that group so far
 (A M D R, or "gone": created and deleted again), updated in the write transaction of
-each journal record. The rows are derived from the journal, like the history index
+each journal record. Beside them, group start seq + NUL (no path holds a NUL) -> how
+many paths the group has of each net change, in the work tree and in git's internals,
+kept with the rows (format 5), so that the log shows an entry of 20,000 files by reading
+a few hundred of its rows. A group without that row (a format 4 store's) is counted
+from its rows. The rows are derived from the journal, like the history index
 (history.py): bundles and salvage leave them out, and a store without GROUPFILES_KEY
 (new format, imported, recovered) has them rebuilt at open. Thinning, which merges
 the records of several groups into one, rewrites the rows of the group that then
@@ -12,14 +16,47 @@ holds them (rows_of, computed in its snapshot).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from overlayckpt.core import history
-from overlayckpt.records import Checkpoint, JournalRecord, from_u64, path_cut, path_key, u64
+from overlayckpt.records import (
+    Checkpoint, JournalRecord, from_u64, pack_obj, path_cut, path_key, u64, unpack_obj,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
 GONE = "gone"
+_COUNTS = b"\0"  # after the group's seq: the key of its counts row
+Counts = dict[str, list[int]]  # net change -> [paths in the work tree, in git's internals]
+
+
+def is_internal(path: str) -> bool:
+    """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
+    return ".git" in path and (  # (the first test, in C, answers for almost every path)
+        path.startswith(".git") and (len(path) == 4 or path[4] == "/")
+        or "/.git/" in path or path.endswith("/.git"))
+
+
+def _count(counts: Counts, path: str, before: str | None, after: str) -> None:
+    """Move path's count from its net change before to after ("gone" is not counted)."""
+    side = is_internal(path)
+    if before is not None and before != GONE:
+        counts[before][side] -= 1
+        if counts[before] == [0, 0]:
+            del counts[before]
+    if after != GONE:
+        counts.setdefault(after, [0, 0])[side] += 1
+
+
+def _pack(counts: Counts) -> bytes:
+    return pack_obj({change: counts[change] for change in sorted(counts)})  # (one byte string)
+
+
+def _counted(rows: Iterable[tuple[str, str]]) -> Counts:
+    counts: Counts = {}
+    for path, change in rows:
+        _count(counts, path, None, change)
+    return counts
 
 
 def fold(before: str | None, change: str) -> str:
@@ -60,7 +97,8 @@ def _path(key: bytes, value: bytes) -> str:
 
 
 def record(w: WriteTxn, group_start: int, paths: Iterable[str], changes: Iterable[str]) -> None:
-    """Fold one journal record's paths into its group's rows."""
+    """Fold one journal record's paths into its group's rows and its counts row."""
+    counts: Counts | None = None
     for path, change in zip(paths, changes):
         key = _key(group_start, path)
         raw = w.get(GROUPFILES, key)
@@ -68,17 +106,51 @@ def record(w: WriteTxn, group_start: int, paths: Iterable[str], changes: Iterabl
         after = fold(before, change)
         if after != before:
             w.put(GROUPFILES, key, _value(key, path, after))
+            if counts is None:
+                counts = counts_of(w, group_start) or {}
+            _count(counts, path, before, after)
+    if counts is not None:
+        w.put(GROUPFILES, u64(group_start) + _COUNTS, _pack(counts))
+
+
+def counts_of(r: ReadTxn, start: int) -> Counts | None:
+    """The counts row of the group that began at start (None: it has none)."""
+    raw = r.get(GROUPFILES, u64(start) + _COUNTS)
+    return None if raw is None else unpack_obj(raw)
+
+
+def rows(r: ReadTxn, ck: Checkpoint) -> Iterator[tuple[str, str]]:
+    """(path, net change) of checkpoint ck's group, by path ("gone" left out; a path too
+    long for a key by its first 494 bytes and a digest): read as far as the caller goes."""
+    if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
+        return
+    gone, counts = GONE.encode(), u64(ck.start_seq) + _COUNTS
+    for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)):
+        if v == gone or k == counts:
+            continue
+        change = _change(v)
+        if change != GONE:  # (a long path's: its change, a NUL, the path)
+            yield _path(k, v), change
+
+
+def counts(r: ReadTxn, ck: Checkpoint) -> Counts:
+    """How many paths of each net change ck's group has (its counts row, else its rows)."""
+    if ck.seq <= ck.start_seq:
+        return {}
+    return counts_of(r, ck.start_seq) or _counted(rows(r, ck))
+
+
+def change_of(r: ReadTxn, ck: Checkpoint, path: str) -> str | None:
+    """path's net change in ck's group (None: none)."""
+    if ck.seq <= ck.start_seq:
+        return None
+    raw = r.get(GROUPFILES, _key(ck.start_seq, path))
+    return None if raw is None or _change(raw) == GONE else _change(raw)
 
 
 def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
-    """The net file changes of checkpoint ck's group, sorted by path."""
-    if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
-        return []
-    rows = list(r.prefix(GROUPFILES, u64(ck.start_seq)))
-    out = [{"path": _path(k, v), "change": _change(v)} for k, v in rows if _change(v) != GONE]
-    if any(path_cut(k, 8) for k, _ in rows):  # (then it sorts by its digest)
-        out.sort(key=lambda f: _encode(f["path"]))
-    return out
+    """The net file changes of checkpoint ck's group, by path (rows)."""
+    return [{"path": path, "change": change} for path, change in rows(r, ck)]
 
 
 # -- thinning ------------------------------------------------------------------------
@@ -106,6 +178,8 @@ def replace(w: WriteTxn, lo: int, hi: int, start: int, rows: dict[str, str]) -> 
     for path, change in sorted(rows.items()):
         key = _key(start, path)
         w.put(GROUPFILES, key, _value(key, path, change))
+    if rows:
+        w.put(GROUPFILES, u64(start) + _COUNTS, _pack(_counted(rows.items())))
 
 
 # -- built, rebuilt, checked ---------------------------------------------------------
@@ -120,7 +194,7 @@ class Expected:
     stored ones; ensure writes them)."""
 
     def __init__(self) -> None:
-        self._net: dict[bytes, tuple[str, str]] = {}  # key -> path, its change
+        self._net: dict[bytes, tuple[str, str]] = {}  # key -> path, its net change
 
     def add(self, start: int, rec: JournalRecord) -> None:
         for path, change in zip(rec.paths, rec.changes):
@@ -129,7 +203,12 @@ class Expected:
             self._net[key] = path, fold(before[1] if before else None, change)
 
     def rows(self) -> dict[bytes, bytes]:
-        return {k: _value(k, path, change) for k, (path, change) in self._net.items()}
+        out = {k: _value(k, path, change) for k, (path, change) in self._net.items()}
+        groups: dict[bytes, Counts] = {}
+        for k, (path, change) in self._net.items():
+            _count(groups.setdefault(k[:8], {}), path, None, change)
+        out.update((start + _COUNTS, _pack(counts)) for start, counts in groups.items())
+        return out
 
 
 def expected(r: ReadTxn) -> dict[bytes, bytes]:

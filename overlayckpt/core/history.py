@@ -10,10 +10,16 @@ keys that changed since, never the journal records in between:
   Only a key's first change in each group (the records between two
   checkpoints) is kept: checkpoints sit at group boundaries only, so a later
   change in the same group is never any checkpoint's value.
-- CHANGED: seq + vkey -> b"", one entry per key: the record of its newest
-  version, so the keys changed at or after a position are one range. (The
+- CHANGED: layer + seq + vkey -> born, one entry per key: the record of its
+  newest version, so the keys changed at or after a position are one range in
+  each layer (0: of the repo's inodes, 1: of the overlay's own; a restore to a
+  point where the overlay had made no inode reads none of the overlay's). (The
   newest version is the last of the key's VERSIONS entries: that is how its
-  CHANGED entry is found to move it.)
+  CHANGED entry is found to move it.) born (format 5) is the seq of the key's
+  oldest version when the key was absent before it (a name or block the session
+  made), else b"": a key born at or after a position was absent there, known
+  without a lookup in VERSIONS (a restore across 100,000 names made and removed
+  since reads none of their versions).
 
 vkey is the table code, the key and a NUL: names hold no NUL and the other
 keys have a fixed length, so one key's versions are contiguous and sorted by
@@ -27,10 +33,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import takewhile
 
-from overlayckpt.records import TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.records import FIRST_UPPER_INO, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import CHANGED, CKPTS, HISTORY_KEY, JOURNAL, META, VERSIONS
+from overlayckpt.tables import CHANGED, CKPTS, HISTORY_BORN, HISTORY_KEY, JOURNAL, META, VERSIONS
 
 Key = tuple[int, bytes]  # (table code, key)
 Undo = Iterable[tuple[int, bytes, "bytes | None"]]
@@ -39,10 +46,19 @@ TABLE_CODES = {name: code for code, name in TABLE_NAMES.items()}
 _ABSENT = b"\0"
 _PRESENT = b"\1"
 _AFTER_ALL = b"\xff" * 8  # above every seq: skips past one key's versions
+_FIRST_UPPER = u64(FIRST_UPPER_INO)
+_LOWER, _UPPER = b"\0", b"\1"  # the layers of CHANGED's keys (the overlay's are the tail)
+# A key's newest version as restores carry it ("token"): its seq (8 bytes), then its
+# CHANGED value (born: 8 bytes or none)
 
 
 def vkey(code: int, key: bytes) -> bytes:
     return bytes((code,)) + key + b"\0"
+
+
+def _ck(at: bytes, vk: bytes) -> bytes:
+    """The CHANGED key of vk's newest version, at seq at (every key begins with its inode)."""
+    return (_UPPER if vk[1:9] >= _FIRST_UPPER else _LOWER) + at + vk
 
 
 def _tag(value: bytes | None) -> bytes:
@@ -72,24 +88,41 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
         if last is not None:
             if last >= start:  # (big-endian: bytes order is number order)
                 continue  # already versioned in this group
-            w.delete(CHANGED, last + vk)
+            born = w.pop(CHANGED, _ck(last, vk)) or b""
+        else:
+            born = at if old is None else b""
         w.put(VERSIONS, vk + at, _tag(old))
-        w.put(CHANGED, at + vk, b"")
+        w.put(CHANGED, _ck(at, vk), born)
 
 
 def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | None]) -> None:
     """record() without a lookup: every key gets a version, written in key order (puts in
-    order touch the same pages); the new CHANGED entries share seq, above every other."""
+    order touch the same pages); the new CHANGED entries share seq, above every other of
+    their layer (the overlay's: the table's tail)."""
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    w.delete_many(CHANGED, sorted(last + vk for vk, _, last in rows if last is not None))
-    w.put_many(CHANGED, [(at + vk, b"") for vk, _, _ in rows], append=True)
+    up = _FIRST_UPPER  # (_ck written out: a restore may write 20,000 rows)
+    w.delete_many(CHANGED, sorted((_UPPER if vk[1:9] >= up else _LOWER) + last[:8] + vk
+                                  for vk, _, last in rows if last is not None))
+    for layer, mine in ((_LOWER, [r for r in rows if r[0][1:9] < up]),
+                        (_UPPER, [r for r in rows if r[0][1:9] >= up])):
+        w.put_many(CHANGED, [(layer + at + vk, (at if old is None else b"") if last is None
+                              else last[8:]) for vk, old, last in mine],
+                   append=layer == _UPPER)  # (the overlay's layer is the table's tail)
+
+
+def born_since(token: bytes, at: bytes) -> bool:
+    """Whether the key of this token (newest_since's) was absent at position at (8 bytes)
+    because it was born at or after it."""
+    return len(token) == 16 and token[8:] >= at
 
 
 def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:
-    """The seq (8 bytes) of the key's newest version, or None if it has none."""
-    return _newest(r, vkey(code, key))
+    """The token of the key's newest version, or None if it has none."""
+    vk = vkey(code, key)
+    last = _newest(r, vk)
+    return None if last is None else last + (r.get(CHANGED, _ck(last, vk)) or b"")
 
 
 def _newest(r: ReadTxn, vk: bytes) -> bytes | None:
@@ -108,9 +141,15 @@ def merge(w: WriteTxn, lo: int, hi: int, into: int, first: dict[Key, bytes | Non
                 break
             w.delete(VERSIONS, k)
         w.put(VERSIONS, vk + u64(into), _tag(old))
-        if last is not None and lo <= from_u64(last) < hi:  # the newest version moved
-            w.delete(CHANGED, last + vk)
-            w.put(CHANGED, u64(into) + vk, b"")
+        if last is None:
+            continue
+        born = w.get(CHANGED, _ck(last, vk)) or b""
+        moved = born and lo <= from_u64(born) < hi  # (its oldest version is the merged one)
+        if lo <= from_u64(last) < hi:  # the newest version moved
+            w.delete(CHANGED, _ck(last, vk))
+            w.put(CHANGED, _ck(u64(into), vk), u64(into) if moved else born)
+        elif moved:
+            w.put(CHANGED, _ck(last, vk), u64(into))
 
 
 def is_built(r: ReadTxn) -> bool:
@@ -118,15 +157,32 @@ def is_built(r: ReadTxn) -> bool:
 
 
 def ensure(w: WriteTxn) -> bool:
-    """Rebuild the index from the journal if it is missing. Returns whether it was."""
+    """Rebuild the index from the journal if it is missing (and give a format 4 one its
+    layers and born values). Returns whether it was missing."""
     if is_built(w):
+        if w.meta_int(HISTORY_KEY) < HISTORY_BORN:
+            _add_born(w)
         return False
     for table in (VERSIONS, CHANGED):
         w.clear(table)
     for start, rec in grouped_records(w, JournalRecord.unpack):
         record(w, start, rec.seq, rec.undo)
-    w.set_meta_int(HISTORY_KEY, 1)
+    w.set_meta_int(HISTORY_KEY, HISTORY_BORN)
     return True
+
+
+def _add_born(w: WriteTxn) -> None:
+    """CHANGED as format 5 has it, from format 4's (seq + vkey -> b""): each entry under
+    its layer, with its born value from the key's oldest version."""
+    entries = []
+    for k in list(w.keys_from(CHANGED, b"")):
+        vk = k[8:]
+        oldest = w.seek(VERSIONS, vk)
+        born = oldest is not None and oldest[0][:-8] == vk and oldest[1][:1] == _ABSENT
+        entries.append((_ck(k[:8], vk), oldest[0][-8:] if born else b""))  # type: ignore[index]
+    w.clear(CHANGED)
+    w.put_many(CHANGED, sorted(entries))
+    w.set_meta_int(HISTORY_KEY, HISTORY_BORN)
 
 
 def grouped_records(r: ReadTxn, unpack: Callable[[int, bytes], JournalRecord]
@@ -156,13 +212,15 @@ class Expected:
         for code, key, old in rec.undo:
             vk = vkey(code, key)
             last = self._latest.get(vk)
+            at = u64(rec.seq)
             if last is not None:
                 if last >= u64(start):
                     continue
-                del changed[last + vk]
-            at = u64(rec.seq)
+                born = changed.pop(_ck(last, vk))
+            else:
+                born = at if old is None else b""
             versions[vk + at] = _tag(old)
-            changed[at + vk] = b""
+            changed[_ck(at, vk)] = born
             self._latest[vk] = at
 
 
@@ -180,18 +238,34 @@ def value_at(r: ReadTxn, code: int, key: bytes, seq: int) -> tuple[bool, bytes |
 
 def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
     """Every key whose value changed at or after journal position seq (once each)."""
-    for k, _ in r.range_from(CHANGED, u64(seq)):
-        yield k[8], k[9:-1]
+    for layer in (_LOWER, _UPPER):
+        for k, _ in r.range_from(CHANGED, layer + u64(seq)):
+            if k[:1] != layer:
+                break
+            yield k[9], k[10:-1]
 
 
-def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[int, bytes, bytes]]:
-    """(code, key, seq of its newest version) of every key changed at or after seq, but
-    for the keys of the inodes numbered from below on (0: none left out). Every key begins
-    with its inode, so those are left out by a byte compare, before any tuple is made."""
+def _layer(r: ReadTxn, layer: bytes, seq: int) -> Iterator[tuple[bytes, bytes]]:
+    """(seq + vkey, born) of the CHANGED entries of one layer from seq on."""
+    if layer == _UPPER:  # (the tail: nothing after it)
+        return ((k[1:], v) for k, v in r.items_from(CHANGED, _UPPER + u64(seq)))
+    return ((k[1:], v) for k, v in takewhile(lambda e: e[0][:1] == _LOWER,
+                                              r.items_from(CHANGED, _LOWER + u64(seq))))
+
+
+def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[bytes, bytes]]:
+    """The CHANGED entries (seq of the newest version + vkey, born) of every key changed at
+    or after seq, but for the keys of the inodes numbered from below on (0: none left out).
+    Every key begins with its inode, so those are left out by a byte compare; entries stay
+    as stored (a restore across 200,000 keys parses each once: code k[8], key k[9:-1],
+    token k[:8] + born)."""
+    out = list(_layer(r, _LOWER, seq))  # (few: repo files' keys; ends at the first upper one)
     if not below:
-        return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq))]
-    limit = u64(below)
-    return [(k[8], k[9:-1], k[:8]) for k in r.keys_from(CHANGED, u64(seq)) if k[9:17] < limit]
+        out += _layer(r, _UPPER, seq)
+    elif below > FIRST_UPPER_INO:
+        limit = u64(below)
+        out += [(k, v) for k, v in _layer(r, _UPPER, seq) if k[9:17] < limit]
+    return out
 
 
 # A whole restore reads a version of each key it writes and the pages its write changes,
@@ -223,58 +297,77 @@ def _in_threads(r: ReadTxn, fn: Callable[[ReadTxn, int], None]) -> None:
 def warm_changed(r: ReadTxn, seq: int) -> bool:
     """Bring the CHANGED entries from seq on into the page cache, a slice of them per
     thread, if a sample says they are not there. Returns whether it did."""
-    last = r.seek_before(CHANGED, _AFTER_ALL)
-    if r.count(CHANGED) < WARM_MIN or last is None or from_u64(last[0][:8]) <= seq:
+    if r.count(CHANGED) < WARM_MIN:
         return False
-    top = from_u64(last[0][:8]) + 1
-    sample = [u64(seq + (top - seq) * i // WARM_SAMPLE) for i in range(WARM_SAMPLE)]
+    top = max(_top(r, layer) for layer in (_LOWER, _UPPER))
+    if top <= seq:
+        return False
+    sample = [(_LOWER, _UPPER)[i % 2] + u64(seq + (top - seq) * i // WARM_SAMPLE)
+              for i in range(WARM_SAMPLE)]
     if not _cold(r, CHANGED, sample):
         return False
     cuts = [seq + (top - seq) * i // WARM_THREADS for i in range(WARM_THREADS + 1)]
 
     def scan(view: ReadTxn, i: int) -> None:
-        end = u64(cuts[i + 1])
-        for k in view.keys_from(CHANGED, u64(cuts[i])):
-            if k >= end:
-                break
+        for layer in (_LOWER, _UPPER):
+            end = layer + u64(cuts[i + 1])
+            for k in view.keys_from(CHANGED, layer + u64(cuts[i])):
+                if k >= end:
+                    break
     _in_threads(r, scan)
     return True
 
 
-def warm_up(r: ReadTxn, found: list[tuple[int, bytes, bytes]], seq: int) -> bool:
+def _top(r: ReadTxn, layer: bytes) -> int:
+    """1 + the newest seq of a layer's CHANGED entries (0: it has none)."""
+    hit = r.seek_before(CHANGED, layer + _AFTER_ALL)
+    return from_u64(hit[0][1:9]) + 1 if hit is not None and hit[0][:1] == layer else 0
+
+
+def warm_up(r: ReadTxn, found: list[tuple[bytes, bytes]], seq: int) -> bool:
     """Bring into the page cache, with several threads, the pages that restoring the keys
     found (newest_since's) to seq reads and writes, when a sample of them says they are
     not there. Returns whether it did."""
     if len(found) < max(WARM_MIN, WARM_SAMPLE):
         return False
     at = u64(seq)
-    if not _cold(r, VERSIONS, [vkey(code, key) + at
-                               for code, key, _ in found[::len(found) // WARM_SAMPLE]]):
+    sample = [k[8:] + at for k, born in found[::len(found) // WARM_SAMPLE]
+              if not born_since(k[:8] + born, at)]
+    if not sample or not _cold(r, VERSIONS, sample):
         return False
     _in_threads(r, lambda view, i: _touch(view, found[i::WARM_THREADS], seq))
     return True
 
 
-def _touch(r: ReadTxn, part: list[tuple[int, bytes, bytes]], seq: int) -> None:
+def _touch(r: ReadTxn, part: list[tuple[bytes, bytes]], seq: int) -> None:
     at = u64(seq)
-    for code, key, last in part:
-        vk = vkey(code, key)
-        r.seek(VERSIONS, vk + at)  # the value then
-        r.seek(VERSIONS, vk + last)  # where the restore's version goes
-        r.get(CHANGED, last + vk)  # the entry it moves
-        r.get(TABLE_NAMES[code], key)  # the value now
+    for k, born in part:
+        vk = k[8:]
+        now = r.get(TABLE_NAMES[k[8]], k[9:-1])  # the value now
+        if born_since(k[:8] + born, at):  # absent then: written only if present now
+            if now is None:
+                continue
+        else:
+            r.seek(VERSIONS, vk + at)  # the value then
+        r.seek(VERSIONS, vk + k[:8])  # where the restore's version goes
+        r.get(CHANGED, _ck(k[:8], vk))  # the entry it moves
 
 
-def value_then(r: ReadTxn, code: int, key: bytes, seq: int) -> bytes | None:
-    """The value at seq of a key that changed at or after seq (one of newest_since's)."""
-    return _untag(r.seek(VERSIONS, vkey(code, key) + u64(seq))[1])  # type: ignore[index]
+def value_then(r: ReadTxn, code: int, key: bytes, seq: int, token: bytes = b"") -> bytes | None:
+    """The value at seq of a key that changed at or after seq (one of newest_since's,
+    with its token: one born since was absent)."""
+    at = u64(seq)
+    if born_since(token, at):
+        return None
+    return _untag(r.seek(VERSIONS, vkey(code, key) + at)[1])  # type: ignore[index]
 
 
 def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None, bytes]]:
-    """(code, key, value at seq, seq of its newest version) of every key changed at or
+    """(code, key, value at seq, token of its newest version) of every key changed at or
     after seq."""
-    for code, key, last in newest_since(r, seq):
-        yield code, key, value_then(r, code, key, seq), last
+    for k, born in newest_since(r, seq):
+        code, key, last = k[8], k[9:-1], k[:8] + born
+        yield code, key, value_then(r, code, key, seq, last), last
 
 
 def versions_under(r: ReadTxn, code: int, prefix: bytes, seq: int) -> Iterator[tuple[bytes, bytes | None]]:

@@ -8,6 +8,7 @@ from typing import Any
 from overlayckpt.core.conversation import summary_before
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core import groupfiles
+from overlayckpt.core.groupfiles import is_internal
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, iso_time, u64
@@ -17,13 +18,6 @@ from overlayckpt.tables import META, RESTORE_FILES_KEY
 NO_CHANGES = "no net changes"
 REFLOG = ".git/logs/HEAD"
 TAIL = 64 * 1024  # of a file git appends to: the newest lines are what a checkpoint added
-
-
-def is_internal(path: str) -> bool:
-    """A path in a .git directory (the repo's or a submodule's): git's bookkeeping."""
-    return ".git" in path and (  # (the first test, in C, answers for almost every path)
-        path.startswith(".git") and (len(path) == 4 or path[4] == "/")
-        or "/.git/" in path or path.endswith("/.git"))
 
 
 class Files:
@@ -45,9 +39,18 @@ class Files:
             return None
 
 
-def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) -> dict[str, Any]:
-    """files_at: to name git operations from git's own records (without it: from paths)."""
-    files = groupfiles.files(r, ck)
+def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None,
+                     listed: int | None = None, everything: bool = True) -> dict[str, Any]:
+    """files_at: to name git operations from git's own records (without it: from paths).
+    "files": the first `listed` (None: all) of its files, git's internals too if
+    everything; "files_total": how many there are."""
+    counts = groupfiles.counts(r, ck)
+    work_n = {change: n[0] for change, n in counts.items() if n[0]}
+    total = sum(n[0] + n[1] for n in counts.values())
+    shown_n = total if everything else sum(work_n.values())
+    files, work, internal = _read_rows(r, ck, work_n, total - sum(work_n.values()),
+                                       shown_n if listed is None else min(listed, shown_n),
+                                       everything)
     # a restore lists its files just after its answer (timeline.complete_restores)
     pending = ck.kind == "restore" and r.get(META, RESTORE_FILES_KEY + u64(ck.start_seq)) is not None
     summary = (summary_before(r, ck.start_seq, ck.seq, ck.conv_head)
@@ -56,29 +59,55 @@ def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None) 
         summary = f"restored checkpoint {ck.restored_from}"
     elif ck.kind == "backout":  # (restored_from: the checkpoint it backed out)
         summary = f"backed out checkpoint {ck.restored_from}"
-    empty = not files and not summary and not ck.message and ck.id != 0
+    empty = not total and not summary and not ck.message and ck.id != 0
     if not summary:
-        summary = (ck.message or git_summary(ck, files, files_at) or describe(files)
-                   or ("session start" if ck.id == 0 else NO_CHANGES))
+        summary = (ck.message or git_summary(ck, internal, work, work_n, files_at)
+                   or describe(work, work_n) or ("session start" if ck.id == 0 else NO_CHANGES))
     return {
         "id": ck.id, "seq": ck.seq, "time": iso_time(ck.time_ns), "kind": ck.kind, "name": ck.name,
-        "message": ck.message, "summary": summary, "files": files, "empty": empty and ck.kind == "auto",
-        "process": {"pid": ck.pid, "comm": ck.comm}, "restored_from": ck.restored_from,
-        "files_pending": pending,
+        "message": ck.message, "summary": summary, "files": files, "files_total": shown_n,
+        "empty": empty and ck.kind == "auto", "process": {"pid": ck.pid, "comm": ck.comm},
+        "restored_from": ck.restored_from, "files_pending": pending,
     }
 
 
-def git_summary(ck: Checkpoint, files: list[dict[str, str]], files_at: Files | None) -> str | None:
+def _read_rows(r: ReadTxn, ck: Checkpoint, work_n: dict[str, int], internal_n: int, shown_n: int,
+               everything: bool) -> tuple[list[dict[str, str]], list[dict[str, str]], dict[str, str]]:
+    """(the files shown, the work tree's files read, every internal path's change), reading
+    ck's rows only as far as these and describe's first names of each change need."""
+    files: list[dict[str, str]] = []
+    work: list[dict[str, str]] = []
+    internal: dict[str, str] = {}
+    names_left = sum(min(3, n) for n in work_n.values())
+    named: dict[str, int] = {}
+    for path, change in groupfiles.rows(r, ck):
+        if len(files) >= shown_n and not names_left and len(internal) >= internal_n:
+            break
+        f = {"path": path, "change": change}
+        inside = is_internal(path)
+        if inside:
+            internal[path] = change
+        else:
+            named[change] = named.get(change, 0) + 1
+            if named[change] <= 3:
+                names_left -= 1
+                work.append(f)
+        if len(files) < shown_n and (everything or not inside):
+            files.append(f)
+    return files, work, internal
+
+
+def git_summary(ck: Checkpoint, internal: dict[str, str], work: list[dict[str, str]],
+                work_n: dict[str, int], files_at: Files | None) -> str | None:
     """What git did, when a checkpoint changed .git: `git commit "subject"`, `git checkout
-    main`..., then what it did to the work tree. (The journal has no command lines: the
-    reflog git appends to names each move of HEAD; the paths name the rest.)"""
-    internal = {f["path"]: f["change"] for f in files if is_internal(f["path"])}
+    main`..., then what it did to the work tree (work: its first files, work_n: how many
+    of each change). (The journal has no command lines: the reflog git appends to names
+    each move of HEAD; the paths name the rest.)"""
     if not internal:
         return None
-    work = [f for f in files if not is_internal(f["path"])]
     moves = _reflog_lines(ck, files_at) if REFLOG in internal and files_at else []
     what = _from_reflog(moves, internal, bool(work)) if moves else _from_paths(ck, internal, files_at)
-    return what + (f"; {describe(work)}" if work else "")
+    return what + (f"; {describe(work, work_n)}" if work else "")
 
 
 def _reflog_lines(ck: Checkpoint, files_at: Files) -> list[str]:
@@ -141,7 +170,9 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
     return f"git: {describe([{'path': p, 'change': c} for p, c in internal.items()])}"
 
 
-def describe(files: list[dict[str, str]]) -> str:
+def describe(files: list[dict[str, str]], totals: dict[str, int] | None = None) -> str:
+    """totals: how many files of each change there are, when files holds only the first
+    three of each (else files is all of them)."""
     words = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed"}
     by: dict[str, list[str]] = {}  # the first 3 names of each kind
     counts: dict[str, int] = {}
@@ -150,6 +181,11 @@ def describe(files: list[dict[str, str]]) -> str:
         counts[verb] = counts.get(verb, 0) + 1
         if counts[verb] <= 3:
             by.setdefault(verb, []).append(f["path"].rpartition("/")[2])
+    if totals is not None:
+        counts = {}
+        for change, n in totals.items():
+            verb = words.get(change, "changed")
+            counts[verb] = counts.get(verb, 0) + n
     parts = []
     for verb, names in by.items():
         more = counts[verb] - len(names)

@@ -151,33 +151,31 @@ def _unborn_left(rows: Rows) -> Rows:
 
 def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
-    from now, less those _unborn_left leaves out, found without reading their versions:
-    an inode numbered from next_ino on (the counter then; 0: unknown) did not exist then,
-    and the others are known from their node records, read first. Pages the host paged
-    out are brought in by several threads first (history.warm_up)."""
+    from now, less those _unborn_left leaves out: an inode numbered from next_ino on (the
+    counter then; 0: unknown) did not exist then, so its keys are not even read, and a key
+    born since seq was absent then, known without reading its versions. Pages the host
+    paged out are brought in by several threads first (history.warm_up)."""
     history.warm_changed(r, seq)
     found = history.newest_since(r, seq, next_ino)
     history.warm_up(r, found, seq)
-    node_code, get = TABLE_CODES[NODES], r.get
+    node_code, get, at, names = TABLE_CODES[NODES], r.get, u64(seq), TABLE_NAMES
     unborn: set[bytes] = set()
     rows: Rows = {}
-    for code, key, last in found:
-        if code == node_code:
+    for k, born in found:  # (one pass, parsing each entry once: there may be 200,000)
+        code, key = k[8], k[9:-1]
+        table = names[code]
+        if len(born) == 8 and born >= at:  # born since (history.born_since): absent then
+            value = None
+        else:
             value = history.value_then(r, code, key, seq)
-            if _unborn(NODES, key, value):
-                unborn.add(key)
-                continue
-            current = get(NODES, key)
-            if current != value:
-                rows[(NODES, key)] = (value, current, last)
-    for code, key, last in found:
-        if code == node_code or key[:8] in unborn:
+        if code == node_code and _unborn(NODES, key, value):
+            unborn.add(key)
             continue
-        table = TABLE_NAMES[code]
-        value = history.value_then(r, code, key, seq)
         current = get(table, key)
         if current != value:
-            rows[(table, key)] = (value, current, last)
+            rows[(table, key)] = (value, current, k[:8] + born)
+    if unborn:  # (their other keys were read in vain: few, but for an old store's restores)
+        rows = {tk: row for tk, row in rows.items() if not _left_alone(tk[1], unborn)}
     return rows
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
+from overlayckpt.core import groupfiles
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
@@ -97,15 +98,13 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
         ck = next(newest, None)
         while ck is not None:
             before = next(newest, None)
-            entry = checkpoint_entry(r, ck, files_at)
-            if (file is not None and not any(f["path"] == file.strip("/") for f in entry["files"])
-                    or entry["empty"] and not everything):
+            if file is not None and groupfiles.change_of(r, ck, file.strip("/")) is None:
                 ck = before
                 continue
-            if not everything:
-                entry["files"] = [f for f in entry["files"] if not is_internal(f["path"])]
-            entry["files_total"] = len(entry["files"])
-            del entry["files"][LOG_FILES:]
+            entry = checkpoint_entry(r, ck, files_at, LOG_FILES, everything)
+            if entry["empty"] and not everything:
+                ck = before
+                continue
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
             if (len(out) < counted and before is not None and entry["files"]

@@ -42,7 +42,7 @@ from overlayckpt.records import (
 )
 from overlayckpt.tables import (
     BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
-    FORMAT_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
+    FORMAT_KEY, GROUPFILES_KEY, HISTORY_BORN, HISTORY_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,11 @@ class ReadTxn:
         cur = self.txn.cursor(db=self.store.dbs[table])
         return cur.iternext(values=False) if cur.set_range(start) else iter(())
 
+    def items_from(self, table: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with keys >= start ascending, iterated in C (not of BLOCKS: split keys)."""
+        cur = self.txn.cursor(db=self.store.dbs[table])
+        return cur.iternext() if cur.set_range(start) else iter(())
+
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
@@ -229,6 +234,10 @@ class WriteTxn(ReadTxn):
             key = key if found is None else found[0]
         self.txn.delete(key, db=self.store.dbs[table])
 
+    def pop(self, table: bytes, key: bytes) -> bytes | None:
+        """Delete the entry and return its value (None: there was none); not of BLOCKS."""
+        return self.txn.pop(key, db=self.store.dbs[table])
+
     def put_many(self, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False) -> None:
         """Puts in one call: py-lmdb's putmulti loops in C (a put from Python costs 0.4 us,
         one of putmulti's, in key order, 0.1)."""
@@ -311,13 +320,15 @@ class Store:
             if version == 0 and new:
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
                 for key in DERIVED_KEYS:  # an empty journal: empty derived tables match it
-                    w.set_meta_int(key, 1)
+                    w.set_meta_int(key, HISTORY_BORN if key == HISTORY_KEY else 1)
             elif 0 < version < FORMAT_VERSION:
                 # the new tables are there, empty: open fills them; from 2 only blocks
                 # stored from now on are split
                 w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
                 if version < 4:
                     _count_inodes(w)
+                if version < 5:  # each group's counts row (groupfiles.py): rebuilt at open
+                    w.delete(META, GROUPFILES_KEY)
             if version == 0 and not new or version > FORMAT_VERSION:
                 txn.abort()
                 env.close()

@@ -235,7 +235,7 @@ async def test_a_restore_merged_by_thinning_before_its_list_lists_nothing(
     assert session.store.read(lambda r: [k for k, _ in r.prefix(META, b"restore_files/")]) == []
 
 
-@pytest.mark.parametrize("old", [1, 2, 3])
+@pytest.mark.parametrize("old", [1, 2, 3, 4])
 async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         repo: Path, tmp_path: Path, old: int) -> None:
     store = str(tmp_path / "old")
@@ -245,8 +245,9 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         before = _trees(s), _files(s)
     finally:
         s.close()
-    # make it what format 1, 2 or 3 left: without the tables and keys that came after, and
-    # checkpoints without their inode counter
+    # make it what format 1, 2, 3 or 4 left: without the tables and keys that came after,
+    # checkpoints without their inode counter (before 4), the index without born values
+    # and the file rows without their counts (before 5)
     gone = (*HISTORY_TABLES, GROUPFILES) if old == 1 else (GROUPFILES,) if old == 2 else ()
     env = lmdb.open(store, max_dbs=32, map_size=1 << 30)
     with env.begin(write=True) as txn:
@@ -255,8 +256,19 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
             txn.drop(env.open_db(name, txn=txn), delete=True)
         for key in (HISTORY_KEY, GROUPFILES_KEY) if old == 1 else (GROUPFILES_KEY,) if old == 2 else ():
             txn.delete(key, db=meta)
-        for key, value in list(txn.cursor(db=ckpts)):
+        for key, value in list(txn.cursor(db=ckpts)) if old < 4 else ():
             txn.put(key, pack_obj(unpack_obj(value)[:10]), db=ckpts)
+        if old > 1:
+            changed = env.open_db(CHANGED, txn=txn)
+            keys = [k for k, _ in txn.cursor(db=changed)]
+            txn.drop(changed, delete=False)
+            for key in keys:  # (format 4: seq + vkey -> b"", no layer)
+                txn.put(key[1:], b"", db=changed)
+            txn.put(HISTORY_KEY, u64(1), db=meta)
+        if old > 2:
+            rows = env.open_db(GROUPFILES, txn=txn)
+            for key in [k for k, _ in txn.cursor(db=rows) if k.endswith(b"\0")]:
+                txn.delete(key, db=rows)
         txn.put(FORMAT_KEY, u64(old), db=meta)
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
@@ -270,7 +282,8 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         # there), and a restore to one skips by number what was made since
         tl = Timeline(s)
         cks = s.store.read(tl.all)
-        assert {ck.next_ino for ck in cks} == {s.store.read(lambda r: r.meta_int(NEXT_INO_KEY))}
+        if old < 4:
+            assert {ck.next_ino for ck in cks} == {s.store.read(lambda r: r.meta_int(NEXT_INO_KEY))}
         for i, ck in enumerate(random.Random(old).sample(cks, 8)):
             s.overlay.create(ME, ROOT_INO, b"after-upgrade-%d" % i, stat.S_IFDIR | 0o755, 0, 0)
             await tl.restore(ck.id, ME)
@@ -280,11 +293,15 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         s.close()
 
 
-def _files(s: Session) -> dict[int, list[dict[str, str]]]:
-    """Every checkpoint's net file changes, as log lists them."""
+def _files(s: Session) -> dict[int, tuple[list[dict[str, str]], int, str]]:
+    """Every checkpoint's net file changes, how many, and its summary, as log shows them."""
     from overlayckpt.core.summaries import checkpoint_entry
     tl = Timeline(s)
-    return s.store.read(lambda r: {ck.id: checkpoint_entry(r, ck)["files"] for ck in tl.all(r)})
+
+    def fn(r):  # type: ignore[no-untyped-def]
+        entries = {ck.id: checkpoint_entry(r, ck) for ck in tl.all(r)}
+        return {i: (e["files"], e["files_total"], e["summary"]) for i, e in entries.items()}
+    return s.store.read(fn)
 
 
 def test_fsck_finds_a_damaged_index_and_repair_rebuilds_it(session: Session) -> None:

@@ -11,7 +11,7 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
 
-from .helpers_core import ME, OTHER, put
+from .helpers_core import ME, OTHER, ino, put
 
 GIT = Caller(5151, "git")
 OLD, NEW = "1" * 40, "2" * 40
@@ -121,3 +121,38 @@ async def test_diff_and_show_leave_git_internals_out_unless_asked(session: Sessi
     assert not any(is_internal(f["path"]) for f in shown["files"])
     shown_all = await session.command({"cmd": "show", "id": "after", "all": True})
     assert ".git/index" in {f["path"] for f in shown_all["files"]}
+
+
+async def test_an_entry_of_many_files_reads_its_first_rows_and_shows_what_all_of_them_say(
+        session: Session) -> None:
+    """The log lists the first LOG_FILES of an entry's files and counts and names them all
+    from its counts row: the same entry as reading every row gives (with and without git's
+    internals, and the --file filter by one row)."""
+    from overlayckpt.core import groupfiles
+    from overlayckpt.service.commands import LOG_FILES
+    ov = session.overlay
+    for i in range(LOG_FILES + 40):
+        put(ov, ME, f"a/f{i:03d}.txt", b"x")
+    for i in range(3):
+        put(ov, ME, f".git/objects/{i:02d}", b"o")
+    put(ov, ME, "docs/guide.txt", b"changed")  # the one M, after the first LOG_FILES names
+    put(ov, ME, "zz/late.txt", b"y")
+    ov.remove(ME, ino(ov, "a"), b"f001.txt", False)
+    put(ov, ME, "a/f001.txt", b"again")  # deleted and made again: still A
+    put(ov, ME, "tmp.txt", b"t")
+    ov.remove(ME, ROOT_INO, b"tmp.txt", False)  # made and removed: gone, not counted
+    put(ov, OTHER, "README.md", b"other group")
+    Timeline(session).seal()
+    ck = session.store.read(lambda r: Timeline(session).get(r, 1))
+    every = session.store.read(lambda r: groupfiles.files(r, ck))
+    work = [f for f in every if not is_internal(f["path"])]
+    internal = [f for f in every if is_internal(f["path"])]
+    assert len(work) > LOG_FILES + 40 and len(internal) == 5 and work[-1]["path"] == "zz/late.txt"
+    want = f"git: {describe(internal)}; {describe(work)}"
+    for flags, shown in (({}, work), ({"all": True}, every)):
+        entry = next(e for e in (await log(session, **flags))["checkpoints"] if e["id"] == 1)
+        assert (entry["files"], entry["files_total"], entry["summary"]) == (
+            shown[:LOG_FILES], len(shown), want)
+    for path, listed in (("zz/late.txt", True), ("tmp.txt", False), (".git/objects/01", True)):
+        found = [e["id"] for e in (await log(session, file=path))["checkpoints"]]
+        assert (1 in found) == listed, path
