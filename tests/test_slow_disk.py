@@ -87,8 +87,15 @@ def test_stat_and_read_are_answered_while_a_writer_waits_for_the_disk(
             data = _answered_in_time(lambda: (mnt / "docs" / "guide.txt").read_bytes(), "a read")
             assert data == (repo / "docs" / "guide.txt").read_bytes()
             assert writer.poll() is None, "the writer finished while its sync point was held"
-            wait_for(lambda: _wchan(writer.pid) == "request_wait_answer",
-                     "the writer to wait in a write request")
+            seen: list[str] = []  # (where it waited instead, should it not get there)
+
+            def in_a_request() -> bool:
+                seen.append(_wchan(writer.pid))
+                return seen[-1] == "request_wait_answer"
+            try:
+                wait_for(in_a_request, "the writer to wait in a write request")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; it waited in {sorted(set(seen[-50:]))}") from None
             assert held.exists()
             hold.unlink()  # the disk catches up: so does the writer
             out, _ = writer.communicate(timeout=300)
