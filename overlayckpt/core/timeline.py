@@ -122,6 +122,10 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
             groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
 
 
+# A restore lists a directory once it has asked whether NAMES_BEFORE_LISTING of its names
+# born since exist now, unless it holds more than LISTING_MOST (_NamesNow).
+NAMES_BEFORE_LISTING = 64
+LISTING_MOST = 1 << 16
 _UPPER = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
 
 
@@ -149,6 +153,36 @@ def _unborn_left(rows: Rows) -> Rows:
             if not _left_alone(key, unborn)}
 
 
+class _NamesNow:
+    """Whether names exist now, for a restore's names born since its target (absent then:
+    a row only if there now). A directory where it asks about many of them (a build's
+    output, made and removed since) is listed once, not asked name by name."""
+
+    def __init__(self, r: ReadTxn) -> None:
+        self.r = r
+        self.asked: dict[bytes, int] = {}  # directory -> names asked one by one
+        self.listed: dict[bytes, dict[bytes, bytes] | None] = {}  # None: too big to list
+
+    def get(self, key: bytes) -> bytes | None:
+        d = key[:8]
+        listing = self.listed.get(d, self)
+        if isinstance(listing, dict):
+            return listing.get(key)
+        if listing is self:
+            asked = self.asked[d] = self.asked.get(d, 0) + 1
+            if asked >= NAMES_BEFORE_LISTING:
+                self.listed[d] = self._list(d)
+        return self.r.get(DIRENTS, key)
+
+    def _list(self, d: bytes) -> dict[bytes, bytes] | None:
+        out: dict[bytes, bytes] = {}
+        for k, v in self.r.prefix(DIRENTS, d):
+            if len(out) >= LISTING_MOST:
+                return None
+            out[k] = v
+        return out
+
+
 def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
     from now, less those _unborn_left leaves out: an inode numbered from next_ino on (the
@@ -159,6 +193,7 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
     found = history.newest_since(r, seq, next_ino)
     history.warm_up(r, found, seq)
     node_code, get, at, names = TABLE_CODES[NODES], r.get, u64(seq), TABLE_NAMES
+    dirents_code, names_now = TABLE_CODES[DIRENTS], _NamesNow(r)
     unborn: set[bytes] = set()
     rows: Rows = {}
     for k, born in found:  # (one pass, parsing each entry once: there may be 200,000)
@@ -171,7 +206,7 @@ def _rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
         if code == node_code and _unborn(NODES, key, value):
             unborn.add(key)
             continue
-        current = get(table, key)
+        current = names_now.get(key) if value is None and code == dirents_code else get(table, key)
         if current != value:
             rows[(table, key)] = (value, current, k[:8] + born)
     if unborn:  # (their other keys were read in vain: few, but for an old store's restores)

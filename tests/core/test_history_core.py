@@ -469,13 +469,18 @@ async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Sessio
     assert fsck(session.store)["clean"], fsck(session.store)["problems"]
 
 
+@pytest.mark.parametrize("listing_after", [64, 1])
 async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
-        open_session: Callable[..., Session], repo: Path) -> None:
+        open_session: Callable[..., Session], repo: Path, listing_after: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """_rows_since skips reading the versions of unborn inodes' keys (those numbered from
     the checkpoint's inode counter on, without a read): it must find exactly the rows that
     reading all of them and leaving out the unborn ones (_unborn_left) gives, with the
-    counter and without it (a checkpoint from before format 4)."""
+    counter and without it (a checkpoint from before format 4). listing_after 1: every
+    directory's names born since are checked against one listing of it (_NamesNow)."""
+    from overlayckpt.core import timeline
     from overlayckpt.core.timeline import TABLE_NAMES, _rows_since, _unborn_left
+    monkeypatch.setattr(timeline, "NAMES_BEFORE_LISTING", listing_after)
     for seed in (3, 11):
         s = open_session(repo, store=repo.parent / f"store-{seed}")
         await _random_history(s, seed, steps=200)
