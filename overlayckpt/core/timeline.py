@@ -123,9 +123,9 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
 
 
 # A restore lists a directory once it has asked whether NAMES_BEFORE_LISTING of its names
-# born since exist now, unless it holds more than LISTING_MOST (_NamesNow).
+# born since exist now, if it holds at most LISTING_SHARE entries per name asked (_NamesNow).
 NAMES_BEFORE_LISTING = 64
-LISTING_MOST = 1 << 16
+LISTING_SHARE = 8
 _UPPER = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
 
 
@@ -156,28 +156,34 @@ def _unborn_left(rows: Rows) -> Rows:
 class _NamesNow:
     """Whether names exist now, for a restore's names born since its target (absent then:
     a row only if there now). A directory where it asks about many of them (a build's
-    output, made and removed since) is listed once, not asked name by name."""
+    output, made and removed since) is listed once instead, if that reads at most
+    LISTING_SHARE entries per name asked so far (else it tries again LISTING_SHARE times
+    as many names later): never more than a few times the entries of asking by name."""
 
     def __init__(self, r: ReadTxn) -> None:
         self.r = r
-        self.asked: dict[bytes, int] = {}  # directory -> names asked one by one
-        self.listed: dict[bytes, dict[bytes, bytes] | None] = {}  # None: too big to list
+        self.asked: dict[bytes, int] = {}  # directory -> names asked about
+        self.next_try: dict[bytes, int] = {}  # directory -> when to try listing it again
+        self.listed: dict[bytes, dict[bytes, bytes]] = {}
 
     def get(self, key: bytes) -> bytes | None:
         d = key[:8]
-        listing = self.listed.get(d, self)
-        if isinstance(listing, dict):
+        listing = self.listed.get(d)
+        if listing is not None:
             return listing.get(key)
-        if listing is self:
-            asked = self.asked[d] = self.asked.get(d, 0) + 1
-            if asked >= NAMES_BEFORE_LISTING:
-                self.listed[d] = self._list(d)
+        asked = self.asked[d] = self.asked.get(d, 0) + 1
+        if asked >= self.next_try.get(d, NAMES_BEFORE_LISTING):
+            listing = self._list(d, LISTING_SHARE * asked)
+            if listing is not None:
+                self.listed[d] = listing
+                return listing.get(key)
+            self.next_try[d] = LISTING_SHARE * asked
         return self.r.get(DIRENTS, key)
 
-    def _list(self, d: bytes) -> dict[bytes, bytes] | None:
+    def _list(self, d: bytes, most: int) -> dict[bytes, bytes] | None:
         out: dict[bytes, bytes] = {}
         for k, v in self.r.prefix(DIRENTS, d):
-            if len(out) >= LISTING_MOST:
+            if len(out) >= most:
                 return None
             out[k] = v
         return out
