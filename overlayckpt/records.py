@@ -87,6 +87,11 @@ def u64(n: int) -> bytes:
     return _U64.pack(n)
 
 
+# the NODES key of the first overlay inode: keys begin with the inode, big-endian, so a
+# byte compare tells the overlay's keys from the repo's
+FIRST_UPPER_KEY = u64(FIRST_UPPER_INO)
+
+
 def from_u64(b: bytes) -> int:
     return _U64.unpack(b)[0]
 

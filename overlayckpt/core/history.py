@@ -35,7 +35,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
 
-from overlayckpt.records import FIRST_UPPER_INO, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64
+from overlayckpt.records import (
+    FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import CHANGED, CKPTS, HISTORY_BORN, HISTORY_KEY, JOURNAL, META, VERSIONS
 
@@ -46,7 +48,6 @@ TABLE_CODES = {name: code for code, name in TABLE_NAMES.items()}
 _ABSENT = b"\0"
 _PRESENT = b"\1"
 _AFTER_ALL = b"\xff" * 8  # above every seq: skips past one key's versions
-_FIRST_UPPER = u64(FIRST_UPPER_INO)
 _LOWER, _UPPER = b"\0", b"\1"  # the layers of CHANGED's keys (the overlay's are the tail)
 # A key's newest version as restores carry it ("token"): its seq (8 bytes), then its
 # CHANGED value (born: 8 bytes or none)
@@ -58,7 +59,7 @@ def vkey(code: int, key: bytes) -> bytes:
 
 def _ck(at: bytes, vk: bytes) -> bytes:
     """The CHANGED key of vk's newest version, at seq at (every key begins with its inode)."""
-    return (_UPPER if vk[1:9] >= _FIRST_UPPER else _LOWER) + at + vk
+    return (_UPPER if vk[1:9] >= FIRST_UPPER_KEY else _LOWER) + at + vk
 
 
 def _tag(value: bytes | None) -> bytes:
@@ -102,7 +103,7 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     at = u64(seq)
     rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
     w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    up = _FIRST_UPPER  # (_ck written out: a restore may write 20,000 rows)
+    up = FIRST_UPPER_KEY  # (_ck written out: a restore may write 20,000 rows)
     w.delete_many(CHANGED, sorted((_UPPER if vk[1:9] >= up else _LOWER) + last[:8] + vk
                                   for vk, _, last in rows if last is not None))
     for layer, mine in ((_LOWER, [r for r in rows if r[0][1:9] < up]),

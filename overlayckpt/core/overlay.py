@@ -48,6 +48,7 @@ class Mutation:
         self._seen: set[tuple[int, bytes]] = set()
         self.paths: list[str] = []
         self.changes: list[str] = []
+        self.nodes: dict[bytes, bytes | None] = {}  # NODES key -> the record as put last
 
     # State protocol, so Tree can read through the transaction.
     def get(self, table: bytes, key: bytes) -> bytes | None:
@@ -71,11 +72,15 @@ class Mutation:
             explicit_prev: bool = False) -> None:
         self._remember(table, key, prev, explicit_prev)
         self.w.put(TABLE_NAMES[table], key, value)
+        if table == T_NODES:
+            self.nodes[key] = value
 
     def delete(self, table: int, key: bytes, prev: bytes | None = None,
                explicit_prev: bool = False) -> None:
         self._remember(table, key, prev, explicit_prev)
         self.w.delete(TABLE_NAMES[table], key)
+        if table == T_NODES:
+            self.nodes[key] = None
 
     def put_node(self, ino: int, node: Node) -> None:
         self.put(T_NODES, u64(ino), node.pack())
@@ -92,6 +97,7 @@ class Overlay(Tree):
         super().__init__(lower, store.block_size)
         self.store = store
         self.window = window
+        self.last_written: dict[bytes, bytes | None] = {}  # (written)
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
         def set_up(w: WriteTxn) -> None:
@@ -114,8 +120,15 @@ class Overlay(Tree):
             result = fn(m)
             if m.undo:
                 append(w, caller, op, tuple(m.paths), tuple(m.changes), m.undo, self.window)
+            self.last_written = m.nodes
             return result
         return txn
+
+    def written(self, ino: int) -> Node | None:
+        """ino's node record as the operation that returned last wrote it (None: it wrote
+        none): what a read right after would find, without the read."""
+        raw = self.last_written.get(u64(ino))
+        return None if raw is None else Node.unpack(raw)
 
     def live(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state (through a read transaction)."""

@@ -21,7 +21,7 @@ import trio
 from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    FIRST_UPPER_INO, TABLE_NAMES, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node, u64,
+    FIRST_UPPER_KEY, TABLE_NAMES, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import DIRENTS, NODES
@@ -30,9 +30,6 @@ SLICE_INODES = 500
 SWEEP_WINDOW = 3600.0  # seconds: the slices' records stay one group
 GC_CALLER = Caller(0, "gc")
 _BELOW = (T_BMAP, T_XATTRS, T_DIRENTS)  # the tables whose keys begin with the inode
-
-
-_UPPER = u64(FIRST_UPPER_INO)
 
 
 def children_of(r: ReadTxn) -> dict[bytes, list[bytes]]:
@@ -49,10 +46,10 @@ def named_of(children: dict[bytes, list[bytes]]) -> set[bytes]:
     root count as in the tree (they may be): only what hangs from them through entries is
     named. Entries elsewhere (in a directory a restore left unnamed) name nothing."""
     named: set[bytes] = set()
-    stack = [child for parent, kids in children.items() if parent < _UPPER for child in kids]
+    stack = [child for parent, kids in children.items() if parent < FIRST_UPPER_KEY for child in kids]
     while stack:
         ino = stack.pop()
-        if ino >= _UPPER and ino not in named:
+        if ino >= FIRST_UPPER_KEY and ino not in named:
             named.add(ino)
             stack += children.get(ino, ())
     return named
@@ -60,7 +57,7 @@ def named_of(children: dict[bytes, list[bytes]]) -> set[bytes]:
 
 def in_tree(parent: bytes, named: set[bytes]) -> bool:
     """Whether the entries of directory parent count (named_of)."""
-    return parent < _UPPER or parent in named
+    return parent < FIRST_UPPER_KEY or parent in named
 
 
 def unnamed(r: ReadTxn) -> list[bytes]:
@@ -69,7 +66,7 @@ def unnamed(r: ReadTxn) -> list[bytes]:
     children = children_of(r)
     named = named_of(children)
     # nlink 0: unlinked while open; its handle's release deletes it, not a sweep
-    left = {key for key, raw in r.range_from(NODES, _UPPER)
+    left = {key for key, raw in r.range_from(NODES, FIRST_UPPER_KEY)
             if key not in named and Node.unpack(raw).nlink > 0}
     # each after every entry that names it is gone (a hard link may sit in two of them)
     naming = dict.fromkeys(left, 0)

@@ -33,8 +33,8 @@ from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord, Node, from_u64,
-    u64,
+    FIRST_UPPER_INO, FIRST_UPPER_KEY, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord,
+    Node, from_u64, u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
@@ -126,12 +126,11 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
 # born since exist now, if it holds at most LISTING_SHARE entries per name asked (_NamesNow).
 NAMES_BEFORE_LISTING = 64
 LISTING_SHARE = 8
-_UPPER = u64(FIRST_UPPER_INO)  # (keys begin with the inode, big-endian: bytes order)
 
 
 def _unborn(table: bytes, key: bytes, value: bytes | None) -> bool:
     """The record of an overlay inode that did not exist at the target."""
-    return table == NODES and value is None and key >= _UPPER
+    return table == NODES and value is None and key >= FIRST_UPPER_KEY
 
 
 def _left_alone(key: bytes, unborn: set[bytes]) -> bool:

@@ -336,7 +336,7 @@ class Operations(pyfuse3.Operations):
         the kernel drops what it has of them and asks next (default_permissions)."""
         if kcache.loaded():
             for ino in inos:
-                kcache.publish_dir_attrs(self._attrs(ino))
+                kcache.publish_dir_attrs(self._attrs(ino, self.ov.written(ino)))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
