@@ -165,6 +165,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {reason(said, str(e))}") from None
     kcache.speed_up_loop(pyfuse3)
+    kcache.serve_promptly()  # (the readers and worker threads it starts keep the default)
     seq, offset = behind.position(session.store)
     kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)

@@ -19,7 +19,8 @@
  * - interpose.c: the libfuse functions above and fuse_reply_write/fuse_reply_err,
  *   which only dispatch to the others.
  * - fastpath.c: which requests C answers, and the wrapped handlers.
- * - queue.c: the reader thread, the queue pyfuse3 reads from, the wait.
+ * - queue.c: the reader thread, the queue pyfuse3 reads from, the wait, and the
+ *   scheduler slice of the threads that answer requests.
  * - behind.c: write-behind (writes acknowledged before Python stores them) and
  *   its log.
  * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
@@ -39,6 +40,7 @@
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
