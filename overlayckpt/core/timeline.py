@@ -628,9 +628,15 @@ class Timeline:
         visits what changed, not every entry of the directories it passes through. None
         where a changed file has several names (hard links: no index finds them all)."""
         out: dict[int, set[bytes]] = {}
+        named: dict[tuple[int, int], tuple[int, bytes]] = {}  # (state, ino) -> a changed entry's
         for t, k in keys:
             if t == DIRENTS:
-                out.setdefault(from_u64(k[:8]), set()).add(k[8:])
+                parent, name = from_u64(k[:8]), k[8:]
+                out.setdefault(parent, set()).add(name)
+                for state in (sa, sb):
+                    value = state.get(DIRENTS, k)
+                    if value is not None and value != WHITEOUT:
+                        named[(id(state), from_u64(value))] = (parent, name)
         listings: dict[tuple[int, int], dict[int, list[bytes]]] = {}
         dirs: dict[bytes, int | None] = {b"": ROOT_INO}
         for state in (sa, sb):
@@ -639,17 +645,20 @@ class Timeline:
                 node = Node.unpack(raw) if raw else None
                 if node is not None and not node.is_dir and node.nlink > 1:
                     return None
-                for parent, name in self._names_of(state, ino, node, listings, dirs):
+                for parent, name in self._names_of(state, ino, node, listings, dirs, named):
                     out.setdefault(parent, set()).add(name)
         return out
 
     def _names_of(self, state: Any, ino: int, node: Node | None,
                   listings: dict[tuple[int, int], dict[int, list[bytes]]],
-                  dirs: dict[bytes, int | None]) -> list[tuple[int, bytes]]:
-        """Where ino may be named in state: its lower path (until it moves, a repo entry keeps
-        it) with the name of every repo directory down to it (a process that never looked
-        them up, a reader or a new daemon, knows no other way to them), and the overlay
-        entries of the directory its record names as its parent."""
+                  dirs: dict[bytes, int | None],
+                  named: dict[tuple[int, int], tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Where ino (of one name: _names sees to that) may be named in state: its lower path
+        (until it moves, a repo entry keeps it) with the name of every repo directory down
+        to it (a process that never looked them up, a reader or a new daemon, knows no other
+        way to them), and the overlay entry of the directory its record names as its parent:
+        a changed entry's or its live name where that entry leads to it there, else found
+        in that directory's listing (which costs every name it ever held)."""
         out: list[tuple[int, bytes]] = []
         origin = node.origin if node is not None else self.ov.lower_paths.get(ino)
         if ino < FIRST_UPPER_INO and origin:
@@ -666,8 +675,12 @@ class Timeline:
                         dirs[path] = self.ov.ino_of_lower(self.ov.lower.stat(path, False), path)
                     except FsError:
                         dirs[path] = None
-        hint = node.parent if node is not None else 0
-        if hint:
+        hint = node.parent if node is not None and (node.nlink or node.is_dir) else 0
+        if hint:  # (a file of no links is named nowhere: unlinked, it may still be open)
+            for where in (named.get((id(state), ino)), self.ov.parents.get(ino)):
+                if where is not None and where[0] == hint and \
+                        state.get(DIRENTS, u64(hint) + where[1]) == u64(ino):
+                    return out + [where]
             by_ino = listings.get((id(state), hint))
             if by_ino is None:  # (once per directory and state: it may hold many)
                 by_ino = listings[(id(state), hint)] = {}

@@ -331,6 +331,53 @@ def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Sessi
     assert tree_of(ov, lambda r: tl.state(r, early)) == before
 
 
+class _CountedSeeks:
+    """A read transaction that counts its index seeks."""
+
+    def __init__(self, r) -> None:  # type: ignore[no-untyped-def]
+        self.r, self.seeks = r, 0
+
+    def seek(self, *args):  # type: ignore[no-untyped-def]
+        self.seeks += 1
+        return self.r.seek(*args)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.r, name)
+
+
+def test_a_diff_costs_what_changed_not_the_names_a_directory_ever_held(session: Session) -> None:
+    """A build directory that held 2,000 names over the session, and one file there edited
+    between two checkpoints: the diff finds the file's name without listing the directory
+    at either checkpoint (a listing there reads every name it ever held). A file made and
+    removed in between is named nowhere (its record keeps no link): no listing either."""
+    ov = session.overlay
+    tl = Timeline(session)
+    out, _ = ov.create(ME, ROOT_INO, b"out", stat.S_IFDIR | 0o755, 0, 0)
+    kept, _ = ov.create(ME, out, b"kept.o", REG, 0, 0)
+    for i in range(2000):
+        who = CALLERS[i % 2]  # (a group each: every name gets versions)
+        tmp, _ = ov.create(who, out, b"t%04d.o" % i, REG, 0, 0)
+        ov.write(who, tmp, 0, b"x")
+        ov.remove(who, out, b"t%04d.o" % i, False)
+    a = tl.checkpoint("a", None, ME)
+    ov.write(OTHER, kept, 0, b"edited")
+    gone, _ = ov.create(OTHER, out, b"gone.o", REG, 0, 0)  # made and removed in between
+    ov.write(OTHER, gone, 0, b"y")
+    ov.remove(OTHER, out, b"gone.o", False)
+    b = tl.checkpoint("b", None, ME)
+    def diff(x, y):  # type: ignore[no-untyped-def]
+        def fn(r):  # type: ignore[no-untyped-def]
+            c = _CountedSeeks(r)
+            return [(f.path, f.change) for f in tl.changes(c, x, y)], c.seeks
+        return session.store.read(fn)
+    assert diff(a, b)[0] == [("out/kept.o", "M")]
+    assert diff(a, b)[1] < 200, diff(a, b)
+    assert diff(a, None)[0] == [("out/kept.o", "M")]
+    # the file renamed since (its live name is not the one it had): still exact
+    ov.rename(ME, out, b"kept.o", ROOT_INO, b"moved.o", 0)
+    assert diff(a, b)[0] == [("out/kept.o", "M")]
+
+
 async def test_thinning_in_small_slices_off_the_loop_keeps_every_kept_checkpoint_exact(
         open_session: Callable[..., Session], repo: Path, monkeypatch) -> None:
     from overlayckpt.core import maintenance
