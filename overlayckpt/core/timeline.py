@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -273,6 +274,20 @@ class Prepared:
     warnings: list[str]
 
 
+class _Phases:
+    """Milliseconds each phase of a command took, in order (a restore's reply shows them:
+    which part of a slow one was the kernel's)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        t = time.perf_counter()
+        self.ms[phase] = round((t - self._t) * 1e3, 1)
+        self._t = t
+
+
 class Timeline:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -352,18 +367,23 @@ class Timeline:
         in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
         listing = stop_listing(self.store)
+        took = _Phases()
         if code:
             await self.ctx.flush_kernel()
+        took.end("flush")
         prep = await read_off_loop(self.store,
                                    lambda r: self._prepare(r, self.get(r, ref), paths, code))
+        took.end("prepare")
         changed: list[tuple[bytes, bytes, bool]] = []
         ck = self.store.write(lambda w: self._write_restore(w, prep, caller, paths, what, changed))
+        took.end("write")
         await self._invalidate(changed)
+        took.end("invalidate")
         if (changed or listing) and self.ctx.mountpoint is not None:
             # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
             trio.lowlevel.spawn_system_task(self.complete_restores_later)
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
-                "changed_keys": len(changed), "warnings": prep.warnings}
+                "changed_keys": len(changed), "warnings": prep.warnings, "took_ms": took.ms}
 
     def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
                        paths: list[str] | None, what: str,

@@ -6,6 +6,7 @@ import dataclasses
 
 import json
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,13 @@ async def test_restore_both_puts_the_tree_back_and_invalidates_what_changed(
     ov.write(ME, readme, 0, b"CHANGED")
     new, _ = ov.create(ME, ROOT_INO, b"new.txt", REG, 0, 0)
     ov.remove(ME, ino(ov, "docs"), b"guide.txt", False)
+    t0 = time.perf_counter()
     result = await session.command({"cmd": "restore", "id": "before"})
+    took = (time.perf_counter() - t0) * 1e3
     assert tree_of(ov) == before
     assert result["what"] == "both" and result["changed_keys"] > 0
+    assert list(result["took_ms"]) == ["flush", "prepare", "write", "invalidate"]
+    assert 0 < sum(result["took_ms"].values()) <= took + 0.5  # (each rounded to 0.1 ms)
     assert hooks.flushes == 1 and hooks.calls == 1
     assert {readme, ROOT_INO, ino(ov, "docs")} <= set(hooks.inodes)
     assert new not in hooks.inodes  # deleted: no name leads to it (its name's entry goes)
