@@ -263,9 +263,9 @@ def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[bytes, byte
     out = list(_layer(r, _LOWER, seq))  # (few: repo files' keys; ends at the first upper one)
     if not below:
         out += _layer(r, _UPPER, seq)
-    elif below > FIRST_UPPER_INO:
+    elif below > FIRST_UPPER_INO:  # (a restore to the middle may pass 200,000: one slice each)
         limit = u64(below)
-        out += [(k, v) for k, v in _layer(r, _UPPER, seq) if k[9:17] < limit]
+        out += [(k[1:], v) for k, v in r.items_from(CHANGED, _UPPER + u64(seq)) if k[10:18] < limit]
     return out
 
 
