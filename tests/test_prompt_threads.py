@@ -10,6 +10,7 @@ work never takes a core first."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 import threading
@@ -24,10 +25,12 @@ _SYS_sched_setattr, _SYS_sched_getattr = 314, 315
 _ATTR = "IIQiIQQQ"  # struct sched_attr: size, policy, flags, nice, priority, runtime, ...
 
 
-def slice_of(tid: int) -> int:
-    """The thread's sched_runtime: its slice, if it asked for one."""
+def slice_of(tid: int) -> int | None:
+    """The thread's sched_runtime: its slice, if it asked for one (None: it has ended)."""
     buf = ctypes.create_string_buffer(48)
-    assert _libc.syscall(_SYS_sched_getattr, tid, buf, 48, 0) == 0, os.strerror(ctypes.get_errno())
+    if _libc.syscall(_SYS_sched_getattr, tid, buf, 48, 0) != 0:
+        assert ctypes.get_errno() == errno.ESRCH, os.strerror(ctypes.get_errno())
+        return None
     return struct.unpack(_ATTR, buf.raw)[5]
 
 
@@ -47,8 +50,11 @@ def kernel_keeps_slices() -> bool:
 
 
 def wchan(pid: int, tid: int) -> str:
-    with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-        return f.read()
+    try:
+        with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""  # (the thread has ended)
 
 
 def test_only_the_request_threads_get_the_short_slice(mounted: Mount) -> None:
@@ -63,11 +69,12 @@ def test_only_the_request_threads_get_the_short_slice(mounted: Mount) -> None:
     mounted.ctl_ok({"cmd": "diff", "a": "one", "stat": True})
     os.listdir(mounted.mnt)
     tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    # the reader thread waits in /dev/fuse when idle
-    wait_for(lambda: any(wchan(pid, t) == "fuse_dev_do_read" for t in tids if t != pid),
-             "C's reader thread waiting for a request")
-    reader = [t for t in tids if t != pid and wchan(pid, t) == "fuse_dev_do_read"]
-    assert len(reader) == 1, reader
+    reader: list[int] = []
+
+    def reader_waits() -> bool:  # (C's reader thread waits in /dev/fuse when idle)
+        reader[:] = [t for t in tids if t != pid and wchan(pid, t) == "fuse_dev_do_read"]
+        return len(reader) == 1
+    wait_for(reader_waits, "C's reader thread waiting for a request")
     prompt = {t for t in tids if slice_of(t) == PROMPT_SLICE_NS}
     assert prompt == {pid, reader[0]}, {t: (slice_of(t), wchan(pid, t)) for t in tids}
     assert len(tids) > 2, "no other thread: the test shows nothing"
