@@ -124,12 +124,10 @@ def rows(r: ReadTxn, ck: Checkpoint) -> Iterator[tuple[str, str]]:
     long for a key by its first 494 bytes and a digest): read as far as the caller goes."""
     if ck.seq <= ck.start_seq:  # (a named or before-restore checkpoint: no records of its own)
         return
-    gone, counts = GONE.encode(), u64(ck.start_seq) + _COUNTS
+    counts = u64(ck.start_seq) + _COUNTS
     for k, v in r.prefix(GROUPFILES, u64(ck.start_seq)):
-        if v == gone or k == counts:
-            continue
-        change = _change(v)
-        if change != GONE:  # (a long path's: its change, a NUL, the path)
+        change = _change(v) if k != counts else GONE
+        if change != GONE:
             yield _path(k, v), change
 
 
@@ -145,7 +143,8 @@ def change_of(r: ReadTxn, ck: Checkpoint, path: str) -> str | None:
     if ck.seq <= ck.start_seq:
         return None
     raw = r.get(GROUPFILES, _key(ck.start_seq, path))
-    return None if raw is None or _change(raw) == GONE else _change(raw)
+    change = None if raw is None else _change(raw)
+    return None if change == GONE else change
 
 
 def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:

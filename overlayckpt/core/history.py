@@ -100,16 +100,19 @@ def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | No
     """record() without a lookup: every key gets a version, written in key order (puts in
     order touch the same pages); the new CHANGED entries share seq, above every other of
     their layer (the overlay's: the table's tail)."""
-    at = u64(seq)
-    rows = sorted((vkey(code, key), old, last) for (code, key, old), last in zip(undo, newest))
-    w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, old, _ in rows])
-    up = FIRST_UPPER_KEY  # (_ck written out: a restore may write 20,000 rows)
-    w.delete_many(CHANGED, sorted((_UPPER if vk[1:9] >= up else _LOWER) + last[:8] + vk
-                                  for vk, _, last in rows if last is not None))
-    for layer, mine in ((_LOWER, [r for r in rows if r[0][1:9] < up]),
-                        (_UPPER, [r for r in rows if r[0][1:9] >= up])):
+    at, up = u64(seq), FIRST_UPPER_KEY
+    # (vkey, its layer as _ck finds it, once per row: a restore may write 20,000)
+    rows: list[tuple[bytes, bytes, bytes | None, bytes | None]] = []
+    for (code, key, old), last in zip(undo, newest):
+        vk = vkey(code, key)
+        rows.append((vk, _UPPER if vk[1:9] >= up else _LOWER, old, last))
+    rows.sort()  # (vkeys are distinct: the tuples compare by them alone)
+    w.put_many(VERSIONS, [(vk + at, _tag(old)) for vk, _, old, _ in rows])
+    w.delete_many(CHANGED, sorted(layer + last[:8] + vk for vk, layer, _, last in rows
+                                  if last is not None))
+    for layer in (_LOWER, _UPPER):
         w.put_many(CHANGED, [(layer + at + vk, (at if old is None else b"") if last is None
-                              else last[8:]) for vk, old, last in mine],
+                              else last[8:]) for vk, mine, old, last in rows if mine == layer],
                    append=layer == _UPPER)  # (the overlay's layer is the table's tail)
 
 
@@ -240,32 +243,30 @@ def value_at(r: ReadTxn, code: int, key: bytes, seq: int) -> tuple[bool, bytes |
 def changed_since(r: ReadTxn, seq: int) -> Iterator[Key]:
     """Every key whose value changed at or after journal position seq (once each)."""
     for layer in (_LOWER, _UPPER):
-        for k, _ in r.range_from(CHANGED, layer + u64(seq)):
-            if k[:1] != layer:
-                break
+        for k, _ in _entries(r, layer, seq):
             yield k[9], k[10:-1]
 
 
-def _layer(r: ReadTxn, layer: bytes, seq: int) -> Iterator[tuple[bytes, bytes]]:
-    """(seq + vkey, born) of the CHANGED entries of one layer from seq on."""
+def _entries(r: ReadTxn, layer: bytes, seq: int) -> Iterator[tuple[bytes, bytes]]:
+    """The CHANGED entries of one layer from seq on, as stored (layer + seq + vkey, born)."""
+    entries = r.items_from(CHANGED, layer + u64(seq))
     if layer == _UPPER:  # (the tail: nothing after it)
-        return ((k[1:], v) for k, v in r.items_from(CHANGED, _UPPER + u64(seq)))
-    return ((k[1:], v) for k, v in takewhile(lambda e: e[0][:1] == _LOWER,
-                                              r.items_from(CHANGED, _LOWER + u64(seq))))
+        return entries
+    return takewhile(lambda e: e[0][:1] == _LOWER, entries)
 
 
 def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[bytes, bytes]]:
     """The CHANGED entries (seq of the newest version + vkey, born) of every key changed at
     or after seq, but for the keys of the inodes numbered from below on (0: none left out).
-    Every key begins with its inode, so those are left out by a byte compare; entries stay
-    as stored (a restore across 200,000 keys parses each once: code k[8], key k[9:-1],
-    token k[:8] + born)."""
-    out = list(_layer(r, _LOWER, seq))  # (few: repo files' keys; ends at the first upper one)
+    Every key begins with its inode, so those are left out by a byte compare, before the
+    entry is sliced; entries stay as stored (a restore across 200,000 keys parses each
+    once: code k[8], key k[9:-1], token k[:8] + born)."""
+    out = [(k[1:], v) for k, v in _entries(r, _LOWER, seq)]  # (few: repo files' keys)
     if not below:
-        out += _layer(r, _UPPER, seq)
-    elif below > FIRST_UPPER_INO:  # (a restore to the middle may pass 200,000: one slice each)
+        out += [(k[1:], v) for k, v in _entries(r, _UPPER, seq)]
+    elif below > FIRST_UPPER_INO:
         limit = u64(below)
-        out += [(k[1:], v) for k, v in r.items_from(CHANGED, _UPPER + u64(seq)) if k[10:18] < limit]
+        out += [(k[1:], v) for k, v in _entries(r, _UPPER, seq) if k[10:18] < limit]
     return out
 
 

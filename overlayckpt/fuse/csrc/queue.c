@@ -8,6 +8,7 @@
  * and takes them through fuse_session_receive_buf.
  */
 #include "kcache.h"
+#include <linux/sched.h>  /* SCHED_FLAG_RESET_ON_FORK */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -63,7 +64,7 @@ static void on_stop_signal(int sig) { (void)sig; }
    get the default: SCHED_FLAG_RESET_ON_FORK), unprivileged, kept to SCHED_OTHER and
    its nice value; older kernels ignore it. 0 if set. */
 #define PROMPT_SLICE_NS 100000ULL  /* the least Linux allows */
-#define SCHED_FLAG_RESET_ON_FORK_ 0x01ULL
+/* linux/sched/types.h's, which glibc 2.36 lacks and which clashes with its sched.h */
 struct sched_attr_ {
     uint32_t size, policy;
     uint64_t flags;
@@ -80,7 +81,7 @@ int kcache_serve_promptly(void)
     if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0 || attr.policy != SCHED_OTHER)
         return -1;
     attr.size = sizeof(attr);
-    attr.flags |= SCHED_FLAG_RESET_ON_FORK_;
+    attr.flags |= SCHED_FLAG_RESET_ON_FORK;
     attr.runtime = PROMPT_SLICE_NS;
     return (int)syscall(SYS_sched_setattr, 0, &attr, 0);
 }
