@@ -48,7 +48,7 @@ def _paths(cmd: dict[str, Any]) -> list[str] | None:
     return paths
 
 
-@command("checkpoint", durable=True)
+@command("checkpoint", durable=lambda cmd: bool(cmd.get("name")))
 async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     ck = Timeline(s.ctx).checkpoint(_opt_str(cmd, "name"), _opt_str(cmd, "message"), _caller())
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}

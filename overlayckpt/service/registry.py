@@ -12,10 +12,20 @@ from typing import Any
 # (session, command) -> result; the session is service.session.Session
 Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
-DURABLE: set[str] = set()  # commands whose changes survive a power cut once they answer
+# which calls of a command are durable (their changes survive a power cut once they
+# answer): a checkpoint's when it is named, as SPEC 3.1 keeps named checkpoints and
+# everything older than a few seconds; the others of such a command sync soon
+Durable = Callable[[dict[str, Any]], bool]
+DURABLE: dict[str, Durable] = {}
 # commands that start a sync point as they answer, without waiting for the disk: a power
-# cut before it ends loses nothing (after a restore's, the state it replaced is live again)
+# cut before it ends loses nothing (after a restore's, the state it replaced is live again;
+# an unnamed checkpoint is lost, as an automatic one of the same moment would be)
 SYNC_SOON: set[str] = set()
+
+
+def _always(cmd: dict[str, Any]) -> bool:
+    return True
+
 
 # The read-only part of a command: (session, store, command) -> result, run where no
 # request of the mount waits for it (Session.read_off_loop: the reader process of a
@@ -24,13 +34,14 @@ Reading = Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
 READINGS: dict[str, Reading] = {}
 
 
-def command(name: str, durable: bool = False, sync_soon: bool = False
+def command(name: str, durable: bool | Durable = False, sync_soon: bool = False
             ) -> Callable[[Handler], Handler]:
+    """durable: every call, or which ones (the others then sync soon)."""
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
         if durable:
-            DURABLE.add(name)
-        if sync_soon:
+            DURABLE[name] = _always if durable is True else durable
+        if sync_soon or durable not in (False, True):  # (a call not durable syncs soon)
             SYNC_SOON.add(name)
         return fn
     return register

@@ -162,7 +162,7 @@ class Session:
         if handler is None:
             raise UserError(f"unknown command {name!r}; known: {', '.join(sorted(COMMANDS))}")
         result = await handler(self, cmd)
-        if name in DURABLE:
+        if name in DURABLE and DURABLE[name](cmd):
             await make_durable(self.store)
         elif name in SYNC_SOON:
             trio.lowlevel.spawn_system_task(self._sync_now)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from overlayckpt.core.conversation import all_lines, live_lines, parse_line
 from overlayckpt.errors import UserError
@@ -350,3 +351,25 @@ async def test_restore_of_a_directory_path_restores_its_subtree_only(
     assert {p: v for p, v in after.items() if p.startswith("src")} == \
         {p: v for p, v in before.items() if p.startswith("src")}
     assert after["README.md"][2].startswith(b"KEEP")
+
+
+async def test_a_named_checkpoint_is_durable_when_it_answers_an_unnamed_one_soon_after(
+        session: Session) -> None:
+    """SPEC 3.1 keeps every named checkpoint whose command returned, and everything older
+    than a few seconds: a named checkpoint waits for its sync point, an unnamed one (an
+    agent hook's, per tool call) starts it as it answers."""
+    store = session.store
+
+    def durable() -> bool:  # the newest snapshot is the one the sync point recorded
+        return store._durable == store.env.info()["last_txnid"]
+
+    ov, a = session.overlay, ME
+    ov.create(a, ROOT_INO, b"named.txt", stat.S_IFREG | 0o644, 0, 0)
+    await session.command({"cmd": "checkpoint", "name": "kept"})
+    assert durable()
+    ov.create(a, ROOT_INO, b"unnamed.txt", stat.S_IFREG | 0o644, 0, 0)
+    await session.command({"cmd": "checkpoint"})
+    assert not durable()  # answered first
+    with trio.fail_after(10):
+        while not durable():
+            await trio.sleep(0.001)
