@@ -186,6 +186,10 @@ def _size_checks(results: dict) -> list[tuple[str, str, str]]:
                 fmt_ratio(r) or "–", verdict(None if r is None else r <= 1.1)))
     rss = big.get("daemon_rss", {})
     theirs = f" (fuse-overlayfs {fmt_bytes(rss[fo])})" if fo in rss else ""
+    parts = big.get("daemon_rss_parts", {}).get(oc)
+    if parts:  # (mapped file pages are page cache: LMDB reads its store through its map)
+        theirs = (f": {fmt_bytes(parts['anon'])} the daemon's own, {fmt_bytes(parts['file'])} "
+                  f"mapped file pages (the store's){theirs}")
     out.append((f"daemon memory after `find -ls` ≤ 100 MB ({at}; the target is at 200,000)",
                 (fmt_bytes(rss[oc]) + theirs) if oc in rss else "–",
                 verdict(None if oc not in rss else rss[oc] <= 100e6)))

@@ -528,8 +528,12 @@ class DaemonMemory(Workload):
         _add(out, "walk_find_ls", now() - t0)
         if pid is not None:
             with open(f"/proc/{pid}/status") as f:
-                rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-            ctx.extra.setdefault("daemon_rss", {})[c.name] = rss
+                kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
+                      if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+            ctx.extra.setdefault("daemon_rss", {})[c.name] = kb["VmRSS"]
+            # of it: the daemon's own memory, and file pages it maps (LMDB's store)
+            ctx.extra.setdefault("daemon_rss_parts", {})[c.name] = {
+                "anon": kb.get("RssAnon", 0) + kb.get("RssShmem", 0), "file": kb.get("RssFile", 0)}
         ctx.tick(1)
 
 
