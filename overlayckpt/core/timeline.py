@@ -697,10 +697,14 @@ class Timeline:
                         dirs[path] = None
         hint = node.parent if node is not None and (node.nlink or node.is_dir) else 0
         if hint:  # (a file of no links is named nowhere: unlinked, it may still be open)
-            for where in (named.get((id(state), ino)), self.ov.parents.get(ino)):
-                if where is not None and where[0] == hint and \
-                        state.get(DIRENTS, u64(hint) + where[1]) == u64(ino):
-                    return out + [where]
+            where = named.get((id(state), ino))  # (read in that state already: it leads to ino)
+            if where is None or where[0] != hint:
+                where = self.ov.parents.get(ino)
+                if where is not None and (where[0] != hint or
+                                          state.get(DIRENTS, u64(hint) + where[1]) != u64(ino)):
+                    where = None
+            if where is not None:
+                return out + [where]
             by_ino = listings.get((id(state), hint))
             if by_ino is None:  # (once per directory and state: it may hold many)
                 by_ino = listings[(id(state), hint)] = {}

@@ -14,18 +14,13 @@ Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
 # which calls of a command are durable (their changes survive a power cut once they
 # answer): a checkpoint's when it is named, as SPEC 3.1 keeps named checkpoints and
-# everything older than a few seconds; the others of such a command sync soon
+# everything older than a few seconds; its other calls sync soon (Session.command)
 Durable = Callable[[dict[str, Any]], bool]
 DURABLE: dict[str, Durable] = {}
 # commands that start a sync point as they answer, without waiting for the disk: a power
 # cut before it ends loses nothing (after a restore's, the state it replaced is live again;
 # an unnamed checkpoint is lost, as an automatic one of the same moment would be)
 SYNC_SOON: set[str] = set()
-
-
-def _always(cmd: dict[str, Any]) -> bool:
-    return True
-
 
 # The read-only part of a command: (session, store, command) -> result, run where no
 # request of the mount waits for it (Session.read_off_loop: the reader process of a
@@ -40,8 +35,8 @@ def command(name: str, durable: bool | Durable = False, sync_soon: bool = False
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
         if durable:
-            DURABLE[name] = _always if durable is True else durable
-        if sync_soon or durable not in (False, True):  # (a call not durable syncs soon)
+            DURABLE[name] = durable if callable(durable) else lambda cmd: True
+        if sync_soon:
             SYNC_SOON.add(name)
         return fn
     return register

@@ -162,9 +162,10 @@ class Session:
         if handler is None:
             raise UserError(f"unknown command {name!r}; known: {', '.join(sorted(COMMANDS))}")
         result = await handler(self, cmd)
-        if name in DURABLE and DURABLE[name](cmd):
+        durable = DURABLE.get(name)
+        if durable is not None and durable(cmd):
             await make_durable(self.store)
-        elif name in SYNC_SOON:
+        elif durable is not None or name in SYNC_SOON:  # (a durable command's other calls)
             trio.lowlevel.spawn_system_task(self._sync_now)
         return result
 
