@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from helpers_users import user  # noqa: E402,F401  (the one session-wide second user)
+
 CLI = [sys.executable, "-m", "overlayckpt"]
 
 
