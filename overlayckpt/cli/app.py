@@ -166,7 +166,7 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
         from overlayckpt.cli import daemon
         return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
     if command == "mcp":
-        from overlayckpt.cli.mcp import cmd_mcp  # (imports the mcp package only here)
+        from overlayckpt.cli.mcp import cmd_mcp  # (JSON-RPC on stdio, no SDK)
         return cmd_mcp
     if command in FORK_COMMANDS:
         from overlayckpt.cli import fork

@@ -280,8 +280,13 @@ class ControlFs:
         except UserError as e:
             self._reply(h, {"ok": False, "error": str(e)})
             return errno.EINVAL
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        except json.JSONDecodeError as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
+            return errno.EINVAL
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+            why = str(e) if "JSON number" in str(e) else ("a number too long, nesting too deep "
+                                                         "or bytes that are not UTF-8")
+            self._reply(h, {"ok": False, "error": f"malformed JSON: {why}"})
             return errno.EINVAL
         if isinstance(cmd, dict) and cmd.get("cmd") == "interrupt":  # (not a session's command)
             self._reply(h, {"ok": True, "interrupted": await self.interrupt()})
