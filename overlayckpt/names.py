@@ -122,10 +122,12 @@ SHOWN_MAX = 80  # characters of a value quoted in a message (a 1 MiB name stays 
 def shown(text: object) -> str:
     """A value for a one-line message: repr-like, so nothing in it reaches the terminal raw,
     and cut short when long."""
-    value = text if isinstance(text, str) else str(text)
-    if len(value) > SHOWN_MAX:
-        return repr(value[:SHOWN_MAX]) + "..."
-    return repr(value)  # repr escapes what is not printable
+    if not isinstance(text, str):  # (a number as itself: unknown checkpoint 999)
+        value = repr(text)
+        return value if len(value) <= SHOWN_MAX else value[:SHOWN_MAX] + "..."
+    if len(text) > SHOWN_MAX:
+        return repr(text[:SHOWN_MAX]) + "..."
+    return repr(text)  # repr escapes what is not printable
 
 
 def line_text(text: str) -> str:
