@@ -190,7 +190,8 @@ def _table(r: dict[str, Any]) -> str:
              "a fork under its parent)"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"session {s['id']}: {s['error']}" for s in r["sessions"] if "error" in s]
-    return "\n".join(lines)
+    from overlayckpt.names import line_text  # (a repo or store path may hold anything)
+    return "\n".join(line_text(line) for line in lines)
 
 
 def _tree(sessions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:

@@ -97,7 +97,10 @@ def _diff_text(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
                     for f in r["files"]]
             rows.append(f" {len(r['files'])} files changed")
             return "\n".join(rows)
-        sys.stdout.write(r["patch"])
+        # the bytes of the files as they are (a line that is not UTF-8 too), whatever the locale
+        sys.stdout.flush()
+        sys.stdout.buffer.write(r["patch"].encode("utf-8", "surrogateescape"))
+        sys.stdout.buffer.flush()
         return ""
     return text
 
