@@ -224,7 +224,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
         from overlayckpt.names import line_text
         print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
         if result.get("resume"):
-            print(f"agent transcript cut back to this checkpoint; continue with: {line_text(result['resume'])}")
+            print("agent transcript cut back to this checkpoint; continue with: "
+                  f"{line_text(result['resume'])}")
     return 0
 
 

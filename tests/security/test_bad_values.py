@@ -94,6 +94,14 @@ def test_an_unknown_ref_is_one_line_for_every_command(hostile: Mount, ref: str) 
     assert log_of(hostile) == before
 
 
+@pytest.mark.parametrize("args", [["drop", "²"], ["diff", "²:1", "１:0"], ["apply", "--from", "²"],
+                                  ["export", "git", "--since", "²"], ["fork", "²", "/nonexistent/x"]])
+def test_a_digit_that_is_not_ascii_is_a_name_everywhere(hostile: Mount, args: list[str]) -> None:
+    before = log_of(hostile)
+    no_control(assert_one_line(hostile.cli(*args, check=False)))
+    assert log_of(hostile) == before
+
+
 # -- option values ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", [["--window", "-1"], ["--window", "nan"], ["--window", "1e308"],
