@@ -41,10 +41,10 @@ def checkpoint_name_problem(name: str) -> str | None:
         return "it is empty"
     if len(name) > CHECKPOINT_NAME_MAX:
         return f"it is longer than {CHECKPOINT_NAME_MAX} characters"
-    if not name.isprintable() or any(c.isspace() for c in name):
-        return "it holds a space or a character that cannot be printed"
     if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
         return "it is not valid Unicode"
+    if not name.isprintable() or any(c.isspace() for c in name):
+        return "it holds a space or a character that cannot be printed"
     if name in (".", "..") or "/" in name:
         return "it is '.', '..' or holds '/'"
     if name[0] in "-@":
@@ -60,6 +60,19 @@ def check_checkpoint_name(name: str) -> str:
         raise UserError(f"bad checkpoint name {shown(name)}: {why}; use letters, digits, "
                         "'-', '_' and '.', starting with a letter or digit")
     return name
+
+
+MESSAGE_MAX = 1 << 16  # characters of a checkpoint's message
+
+
+def check_message(message: str) -> str:
+    """A checkpoint's message: free text (shown escaped), but valid Unicode and bounded."""
+    if len(message) > MESSAGE_MAX:
+        raise UserError(f"checkpoint message longer than {MESSAGE_MAX} characters: shorten it")
+    if "\0" in message or any(0xD800 <= ord(c) <= 0xDFFF for c in message):
+        raise UserError("checkpoint message holds a NUL character or invalid Unicode: "
+                        "write it as plain text")
+    return message
 
 
 _GIT_ESCAPES = {0x07: "a", 0x08: "b", 0x09: "t", 0x0A: "n", 0x0B: "v", 0x0C: "f", 0x0D: "r",
@@ -103,9 +116,36 @@ def quote_path(path: bytes | str) -> str:
     return "".join(out)
 
 
+SHOWN_MAX = 80  # characters of a value quoted in a message (a 1 MiB name stays one line)
+
+
 def shown(text: object) -> str:
-    """A value for a one-line message: repr-like, so nothing in it reaches the terminal raw."""
-    return repr(text if isinstance(text, str) else str(text))  # repr escapes what is not printable
+    """A value for a one-line message: repr-like, so nothing in it reaches the terminal raw,
+    and cut short when long."""
+    if not isinstance(text, str):  # (a number as itself: unknown checkpoint 999)
+        value = repr(text)
+        return value if len(value) <= SHOWN_MAX else value[:SHOWN_MAX] + "..."
+    if len(text) > SHOWN_MAX:
+        return repr(text[:SHOWN_MAX]) + "..."
+    return repr(text)  # repr escapes what is not printable
+
+
+def line_text(text: str) -> str:
+    """One-line text (a summary, a name, a process name) for a terminal: every character
+    that is not printable escaped, newlines and tabs too."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
+
+
+def name_key(ref: str) -> bytes | None:
+    """The stored key of checkpoint name ref, or None when no name could be stored under it
+    (empty, not encodable, longer than a key): such a ref names no checkpoint."""
+    try:
+        key = ref.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return key if 0 < len(key) <= 511 else None
 
 
 def terminal_text(text: str) -> str:
@@ -118,4 +158,6 @@ def terminal_text(text: str) -> str:
 
 def _escape_char(c: str) -> str:
     o = ord(c)
+    if c in "\n\t\r":
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}[c]
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from collections.abc import Callable
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
@@ -165,7 +166,7 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
         from overlayckpt.cli import daemon
         return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
     if command == "mcp":
-        from overlayckpt.cli.mcp import cmd_mcp  # (imports the mcp package only here)
+        from overlayckpt.cli.mcp import cmd_mcp  # (JSON-RPC on stdio, no SDK)
         return cmd_mcp
     if command in FORK_COMMANDS:
         from overlayckpt.cli import fork
@@ -186,6 +187,31 @@ def setup_logging(verbose: bool) -> None:
                         format="overlayckpt: %(levelname)s %(name)s: %(message)s")
 
 
+MAX_WINDOW = 86400.0  # seconds: a longer idle window is a mistake, not a setting
+# a new store's block size: a power of two in this range (the range bundles are held to)
+BLOCK_SIZES = (512, 1 << 20)
+MAX_COUNT = 1 << 31  # --limit, --fork: larger is a typo
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Option values argparse's types let through: one line each, before anything runs."""
+    import math
+    window = getattr(args, "window", None)
+    if window is not None and not (math.isfinite(window) and 0 <= window <= MAX_WINDOW):
+        raise UserError(f"--window {window!r} is not a number of seconds from 0 to "
+                        f"{MAX_WINDOW:g}: pass e.g. --window 1")
+    block = getattr(args, "block_size", None)
+    lo, hi = BLOCK_SIZES
+    if block is not None and not (lo <= block <= hi and block & (block - 1) == 0):
+        raise UserError(f"--block-size {block} is not a power of two from {lo} to {hi}: "
+                        "pass e.g. --block-size 4096")
+    for option, key, least in (("--limit", "limit", 0), ("--fork", "fork", 1),
+                               ("--budget", "budget", 0)):
+        value = getattr(args, key, None)
+        if value is not None and not least <= value <= (MAX_COUNT if key != "budget" else 1 << 62):
+            raise UserError(f"{option} {value} is out of range: pass a whole number from {least}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(argv))
@@ -201,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     # (a command that talks to a daemon logs nothing here: it spares the import)
     if args.verbose or args.store or args.command in DAEMON_COMMANDS + HOOK_COMMANDS + ("mcp",):
         setup_logging(args.verbose)
-    handler = handler_of("run-forks" if getattr(args, "fork", None) is not None else args.command)
     try:
+        check_options(args)
+        handler = handler_of("run-forks" if getattr(args, "fork", None) is not None else args.command)
         return handler(args)
-    except UserError as e:
-        print(f"overlayckpt: {e}", file=sys.stderr)
-        return 1
-    except FsError as e:
-        print(f"overlayckpt: {e}", file=sys.stderr)
+    except (UserError, FsError) as e:
+        # one line, nothing in it a terminal acts on: it may quote a name the agent chose
+        from overlayckpt.names import line_text
+        print(f"overlayckpt: {line_text(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -219,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             print("overlayckpt: the mount's daemon is gone (stale mount): run 'overlayckpt mount' "
                   "again to recover", file=sys.stderr)
             return 1
-        print(f"overlayckpt: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        from overlayckpt.names import line_text
+        where = line_text(os.fsdecode(e.filename)) if isinstance(e.filename, (str, bytes)) else ""
+        print(f"overlayckpt: {e.strerror or e}: {where}".rstrip(": "), file=sys.stderr)
         return 1
 
 

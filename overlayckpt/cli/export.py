@@ -33,7 +33,7 @@ def _export_all(target: Any, args: argparse.Namespace, quiet: bool = False) -> d
     if args.branch is not None:
         cmd["branch"] = args.branch
     if args.since is not None:
-        cmd["since"] = int(args.since) if args.since.isdigit() else args.since
+        cmd["since"] = int(args.since) if args.since.isascii() and args.since.isdigit() else args.since
     done: list[dict[str, Any]] = []
     total = None
     while True:

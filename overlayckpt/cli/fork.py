@@ -84,7 +84,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _ref(value: str) -> Any:
-    return int(value) if value.isdigit() else value
+    return int(value) if value.isascii() and value.isdigit() else value  # ("²": a name)
 
 
 # -- across sessions --------------------------------------------------------------
@@ -93,7 +93,8 @@ def split_refs(args: argparse.Namespace, words: list[str]) -> tuple[str, list[tu
     """Each SESSION[:ID] -> (its store, the checkpoint; None: live), and their one repo
     (a session id is one of --repo's, or of the repo we are in)."""
     from overlayckpt.cli.sessions import repo_here
-    here = repo_here(args.repo) if any(w.partition(":")[0].isdigit() for w in words) else ""
+    numeric = [w.partition(":")[0] for w in words]
+    here = repo_here(args.repo) if any(n.isascii() and n.isdigit() for n in numeric) else ""
     out, repos = [], set()
     for word in words:
         session, _, cid = word.partition(":")

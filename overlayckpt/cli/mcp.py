@@ -3,13 +3,24 @@
 Any MCP-capable agent can list its timeline, see what a checkpoint changed, take a
 named checkpoint before something risky, and rewind, without a shell. Each tool is
 one control command (the same ones the CLI sends), so the server holds no state
-and the daemon stays the only writer. The `mcp` package is imported only here.
+and the daemon stays the only writer.
+
+The protocol is JSON-RPC 2.0, one message per line, spoken here directly (no MCP
+SDK): it starts in the time of a CLI command, and every line that is not a valid
+request gets the error JSON-RPC prescribes instead of being dropped: -32700 (not
+JSON, id null), -32600 (not a request), -32601 (no such method), -32602 (bad
+params: an unknown tool, an argument of the wrong type). A tool the daemon refuses
+(an unknown checkpoint, a bad name) is a tool result with isError and its one line,
+as MCP wants, so the model can read it and correct itself. Both handshakes are
+answered: `initialize` (protocol versions up to 2025-11-25) and `server/discover`
+(2026-07-28, stateless).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import Any
+from typing import Any, BinaryIO
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import find_mount
@@ -21,65 +32,245 @@ INSTRUCTIONS = (
     "and restore to undo: a restore is itself undoable (restore '@before-last').")
 NO_MOUNT = "no overlayckpt mount here: start the MCP server inside a mount, or pass --mount"
 
+SERVER_INFO = {"name": "overlayckpt", "version": "0.1.0"}
+STATELESS = "2026-07-28"  # server/discover, no initialize
+HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # newest first
+CAPABILITIES = {"tools": {"listChanged": False}}
+MAX_MESSAGE = 4 << 20  # bytes of one line; longer is answered -32700 and skipped
 
-def build(mountpoint: str | None) -> Any:
-    """The server; mountpoint None (started outside any mount) answers every call with
-    NO_MOUNT, so a user-level registration (install-hooks) does not show the agent a
-    failed server in every directory that is not a mount."""
-    from mcp.server import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
+    -32700, -32600, -32601, -32602, -32603)
 
-    server = MCPServer("overlayckpt", instructions=INSTRUCTIONS)
 
-    def call(cmd: dict[str, Any]) -> dict[str, Any]:
-        if mountpoint is None:
-            raise ToolError(NO_MOUNT)
-        try:
-            return client.send(mountpoint, cmd)
-        except UserError as e:  # the daemon's one line, as the tool's error
-            raise ToolError(str(e)) from None
+def _schema(title: str, props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": props, "title": title,
+                           "additionalProperties": False}
+    if required:
+        out["required"] = list(required)
+    return out
 
-    @server.tool()
-    def timeline(limit: int = 20) -> list[dict[str, Any]]:
-        """The newest checkpoints first: id, time, kind, name, process, summary, files."""
-        return call({"cmd": "log", "limit": limit})["checkpoints"]
 
-    @server.tool()
-    def diff(a: str = "", b: str = "", stat: bool = True) -> dict[str, Any]:
-        """What changed between checkpoints a and b (ids or names; b empty: the live tree;
-        both empty: the last checkpoint against the live tree). stat=False gives the patch."""
-        cmd: dict[str, Any] = {"cmd": "diff", "stat": stat}
-        if a:
-            cmd["a"] = _ref(a)
-        if b:
-            cmd["b"] = _ref(b)
-        return call(cmd)
+def _str(default: str | None = None) -> dict[str, Any]:
+    return {"type": "string"} if default is None else {"type": "string", "default": default}
 
-    @server.tool()
-    def checkpoint(name: str = "", message: str = "") -> dict[str, Any]:
-        """Take a checkpoint of the live tree now (a name makes it easy to come back to)."""
-        return call({"cmd": "checkpoint", "name": name or None, "message": message or None})
 
-    @server.tool()
-    def restore(checkpoint: str, what: str = "code") -> dict[str, Any]:
-        """Put the tree (what='code'), the conversation or both back to a checkpoint."""
-        return call({"cmd": "restore", "id": _ref(checkpoint), "what": what})
+DICT_OUT = {"type": "object", "additionalProperties": True}
+TOOLS: list[dict[str, Any]] = [
+    {"name": "timeline",
+     "description": "The newest checkpoints first: id, time, kind, name, process, summary, files.",
+     "inputSchema": _schema("timelineArguments", {"limit": {"type": "integer", "default": 20,
+                                                            "minimum": 0}}),
+     "outputSchema": {"type": "object", "required": ["result"], "properties": {
+         "result": {"type": "array", "items": DICT_OUT}}}},
+    {"name": "diff",
+     "description": "What changed between checkpoints a and b (ids or names; b empty: the live "
+                    "tree; both empty: the last checkpoint against the live tree). stat=false "
+                    "gives the patch.",
+     "inputSchema": _schema("diffArguments", {"a": _str(""), "b": _str(""),
+                                              "stat": {"type": "boolean", "default": True}}),
+     "outputSchema": DICT_OUT},
+    {"name": "checkpoint",
+     "description": "Take a checkpoint of the live tree now (a name makes it easy to come back to).",
+     "inputSchema": _schema("checkpointArguments", {"name": _str(""), "message": _str("")}),
+     "outputSchema": DICT_OUT},
+    {"name": "restore",
+     "description": "Put the tree (what='code'), the conversation or both back to a checkpoint.",
+     "inputSchema": _schema("restoreArguments", {
+         "checkpoint": _str(), "what": {"type": "string", "default": "code",
+                                        "enum": ["code", "conversation", "both"]}},
+         ("checkpoint",)),
+     "outputSchema": DICT_OUT},
+]
+_BY_NAME = {t["name"]: t for t in TOOLS}
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "boolean": (bool,)}
+_A = {"string": "a string", "integer": "an integer", "boolean": "true or false"}
 
-    return server
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
 
 
 def _ref(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
+    from overlayckpt.names import parse_id  # (ASCII digits only: "１" is a name, not 1)
+    cid = parse_id(text)
+    return text if cid is None else cid
+
+
+def _arguments(tool: dict[str, Any], args: Any) -> dict[str, Any]:
+    """args checked against the tool's input schema, defaults filled in; else -32602."""
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise RpcError(INVALID_PARAMS, "Invalid params", f"{tool['name']}: arguments must be an object")
+    schema = tool["inputSchema"]
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        prop = schema["properties"].get(key)
+        if prop is None:
+            raise RpcError(INVALID_PARAMS, "Invalid params",
+                           f"{tool['name']}: unknown argument {key!r}; it takes "
+                           f"{', '.join(schema['properties'])}")
+        wanted = _JSON_TYPES[prop["type"]]
+        if not isinstance(value, wanted) or (bool not in wanted and isinstance(value, bool)):
+            raise RpcError(INVALID_PARAMS, "Invalid params",
+                           f"{tool['name']}: argument {key!r} must be {_A[prop['type']]}")
+        if "enum" in prop and value not in prop["enum"]:
+            raise RpcError(INVALID_PARAMS, "Invalid params",
+                           f"{tool['name']}: argument {key!r} must be one of {', '.join(prop['enum'])}")
+        if prop.get("minimum") is not None and value < prop["minimum"]:
+            raise RpcError(INVALID_PARAMS, "Invalid params",
+                           f"{tool['name']}: argument {key!r} must be at least {prop['minimum']}")
+        out[key] = value
+    for key in schema.get("required", ()):
+        if key not in out:
+            raise RpcError(INVALID_PARAMS, "Invalid params", f"{tool['name']}: {key!r} is required")
+    for key, prop in schema["properties"].items():
+        if key not in out and "default" in prop:
+            out[key] = prop["default"]
+    return out
+
+
+def _command(name: str, a: dict[str, Any]) -> dict[str, Any]:
+    """The control command of tool name with its checked arguments."""
+    if name == "timeline":
+        return {"cmd": "log", "limit": a["limit"]}
+    if name == "diff":
+        cmd: dict[str, Any] = {"cmd": "diff", "stat": a["stat"]}
+        if a["a"]:
+            cmd["a"] = _ref(a["a"])
+        if a["b"]:
+            cmd["b"] = _ref(a["b"])
+        return cmd
+    if name == "checkpoint":
+        return {"cmd": "checkpoint", "name": a["name"] or None, "message": a["message"] or None}
+    return {"cmd": "restore", "id": _ref(a["checkpoint"]), "what": a["what"]}
+
+
+class Server:
+    """Answers one JSON-RPC line at a time (a tool call is one control command)."""
+
+    def __init__(self, mountpoint: str | None) -> None:
+        # None (started outside any mount) answers every call with NO_MOUNT, so a
+        # user-level registration (install-hooks) does not show the agent a failed
+        # server in every directory that is not a mount
+        self.mountpoint = mountpoint
+
+    def answer(self, line: bytes) -> dict[str, Any] | None:
+        """The response to line, or None (a notification, a response, a blank line)."""
+        if not line.strip():
+            return None
+        try:
+            msg = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 JSON text"
+            return _error(None, PARSE_ERROR, "Parse error", why)
+        if not isinstance(msg, dict):
+            return _error(None, INVALID_REQUEST, "Invalid Request",
+                          "a message is one JSON object (batches are not supported)")
+        has_id = "id" in msg
+        rid = msg.get("id")
+        if has_id and (isinstance(rid, bool) or not isinstance(rid, (int, str))):
+            return _error(None, INVALID_REQUEST, "Invalid Request", "id must be a string or an integer")
+        if "method" not in msg and ("result" in msg or "error" in msg):
+            return None  # a response: we send the client no requests, nothing to match
+        method, params = msg.get("method"), msg.get("params")
+        if msg.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return _error(rid, INVALID_REQUEST, "Invalid Request",
+                          'a request has "jsonrpc": "2.0" and a "method" string')
+        if params is not None and not isinstance(params, (dict, list)):
+            return _error(rid, INVALID_REQUEST, "Invalid Request", "params must be an object")
+        if not has_id:
+            return None  # a notification (initialized, cancelled, ...): never answered
+        try:
+            if isinstance(params, list):
+                raise RpcError(INVALID_PARAMS, "Invalid params", "params must be an object")
+            result = self.call(method, params or {})
+        except RpcError as e:
+            return _error(rid, e.code, e.message, e.data)
+        except Exception as e:  # a bug of ours: still an answer, never silence
+            return _error(rid, INTERNAL_ERROR, "Internal error", str(e))
+        return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        meta = {"_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO}}
+        if method == "initialize":
+            asked = params.get("protocolVersion")
+            if not isinstance(asked, str):
+                raise RpcError(INVALID_PARAMS, "Invalid params", "protocolVersion must be a string")
+            version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
+            return {"protocolVersion": version, "capabilities": CAPABILITIES,
+                    "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
+        if method == "server/discover":
+            return {"supportedVersions": [STATELESS, *HANDSHAKE_VERSIONS],
+                    "capabilities": CAPABILITIES, "instructions": INSTRUCTIONS,
+                    "cacheScope": "private", "ttlMs": 0, "resultType": "complete", **meta}
+        if method == "ping":
+            return {}
+        if method == "tools/list":
+            return {"tools": TOOLS, "cacheScope": "private", "ttlMs": 0, "resultType": "complete",
+                    **meta}
+        if method == "tools/call":
+            name = params.get("name")
+            tool = _BY_NAME.get(name) if isinstance(name, str) else None
+            if tool is None:
+                raise RpcError(INVALID_PARAMS, "Invalid params",
+                               f"Unknown tool: {name!r}; tools: {', '.join(_BY_NAME)}")
+            cmd = _command(tool["name"], _arguments(tool, params.get("arguments")))
+            return {**self.tool(tool["name"], cmd), "resultType": "complete", **meta}
+        raise RpcError(METHOD_NOT_FOUND, "Method not found", method)
+
+    def tool(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if self.mountpoint is None:
+            return _tool_error(NO_MOUNT)
+        try:
+            reply = client.send(self.mountpoint, cmd)
+        except UserError as e:  # the daemon's one line, as the tool's error
+            return _tool_error(str(e))
+        value: Any = reply["checkpoints"] if name == "timeline" else reply
+        structured = {"result": value} if name == "timeline" else value
+        return {"content": [{"type": "text", "text": json.dumps(value, indent=2)}],
+                "structuredContent": structured, "isError": False}
+
+    def serve(self, stdin: BinaryIO, stdout: BinaryIO) -> None:
+        while True:
+            line = stdin.readline(MAX_MESSAGE + 1)
+            if not line:
+                return
+            if len(line) > MAX_MESSAGE and not line.endswith(b"\n"):
+                while line and not line.endswith(b"\n"):  # skip the rest of it
+                    line = stdin.readline(1 << 20)
+                response: dict[str, Any] | None = _error(
+                    None, PARSE_ERROR, "Parse error", f"message longer than {MAX_MESSAGE} bytes")
+            else:
+                response = self.answer(line)
+            if response is not None:  # (ASCII: a lone surrogate in a name cannot break it)
+                stdout.write(json.dumps(response, separators=(",", ":")).encode() + b"\n")
+                stdout.flush()
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
+def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error: message is the standard one with what went wrong after it (what
+    a client shows), data the detail alone."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["message"] = f"{message}: {data}"
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": rid, "error": error}
+
+
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     mountpoint = find_mount(args.mount)
     if mountpoint is None and (args.mount or sys.stdin.isatty()):
         raise UserError(NO_MOUNT)  # a person at a terminal, or a wrong --mount
-    try:
-        server = build(mountpoint)
-    except ImportError:
-        raise UserError("the MCP server needs the mcp package: pip install 'overlayckpt[mcp]'"
-                        ) from None
-    server.run("stdio")
+    Server(mountpoint).serve(sys.stdin.buffer, sys.stdout.buffer)
     return 0

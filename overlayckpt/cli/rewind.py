@@ -22,6 +22,8 @@ from prompt_toolkit.layout import HSplit, Layout, VSplit, Window
 from prompt_toolkit.layout.controls import FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
 
+from overlayckpt.names import line_text
+
 Call = Callable[[dict[str, Any]], dict[str, Any]]
 
 CHOICES = {"c": "code", "v": "conversation", "b": "both"}
@@ -39,7 +41,8 @@ def list_width(columns: int) -> int:
 
 
 def _fit(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    # (escaped as the log is: a name or a line the agent wrote never drives the terminal)
+    text = line_text(" ".join(text.split()))
     return text if len(text) <= width else text[:max(0, width - 1)] + "…"
 
 

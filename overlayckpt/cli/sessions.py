@@ -37,7 +37,7 @@ def numbered(repo: str) -> list[tuple[int, str]]:
     out = [(1, base)] if name in entries and is_store(base) else []
     for entry in entries:
         suffix = entry[len(name) + 1:]
-        if entry.startswith(name + ".") and suffix.isdigit() and int(suffix) > 1:
+        if entry.startswith(name + ".") and suffix.isascii() and suffix.isdigit() and int(suffix) > 1:
             path = os.path.join(parent, entry)
             if is_store(path):
                 out.append((int(suffix), path))
@@ -67,7 +67,7 @@ def default_of(found: list[tuple[int, str]]) -> tuple[int, str]:
 
 def session_store(ref: str, repo: str) -> str:
     """A session named on the command line: its id in 'sessions', or its store."""
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():  # (ASCII: int("²") fails, "１" is no id)
         stores = dict(numbered(repo))
         if int(ref) not in stores:
             raise UserError(f"{repo} has no session {ref}: 'overlayckpt sessions' lists them")
@@ -190,7 +190,8 @@ def _table(r: dict[str, Any]) -> str:
              "a fork under its parent)"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"session {s['id']}: {s['error']}" for s in r["sessions"] if "error" in s]
-    return "\n".join(lines)
+    from overlayckpt.names import line_text  # (a repo or store path may hold anything)
+    return "\n".join(line_text(line) for line in lines)
 
 
 def _tree(sessions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
@@ -237,7 +238,7 @@ def _family(store: str) -> dict[str, Any]:
 
 def cmd_drop(args: argparse.Namespace) -> int:
     given = args.session
-    repo = repo_here(args.repo) if given.isdigit() else ""
+    repo = repo_here(args.repo) if given.isascii() and given.isdigit() else ""
     store = session_store(given, repo)
     mounted = client.served_at(store)
     if mounted:

@@ -17,11 +17,32 @@ from overlayckpt.errors import UserError
 
 # -- finding the session ----------------------------------------------------
 
+def _has_ctl(d: str) -> bool:
+    """Whether d is a mount of ours (it has the control file); a directory we may not
+    search is said so, not taken for "not a mount" (chmod 000 MNT)."""
+    try:
+        os.stat(os.path.join(d, ".overlayckpt", "ctl"))
+        return True
+    except PermissionError:
+        pass
+    except (OSError, ValueError):
+        return False
+    try:  # d itself, or a .overlayckpt someone planted in it (ours is open to all: 0755)?
+        os.stat(os.path.join(d, ".overlayckpt"))
+        return False
+    except PermissionError:
+        from overlayckpt.names import quote_path
+        raise UserError(f"permission denied on {quote_path(d)}: ask its owner for access "
+                        "(search permission, x), or run as its owner") from None
+    except (OSError, ValueError):
+        return False
+
+
 def find_mount(explicit: str | None) -> str | None:
     """The mountpoint of the session: --mount, $OVERLAYCKPT_MOUNT, or walking up from cwd."""
     candidate = explicit or os.environ.get("OVERLAYCKPT_MOUNT")
     if candidate:
-        if not os.path.exists(os.path.join(candidate, ".overlayckpt", "ctl")):
+        if not _has_ctl(candidate):
             if client.is_stale(candidate):
                 raise UserError(f"{candidate}: the daemon is gone (stale mount); "
                                 f"run 'overlayckpt mount' again to recover it")
@@ -32,7 +53,7 @@ def find_mount(explicit: str | None) -> str | None:
     except OSError:
         raise UserError("the current directory is gone (stale mount?): cd elsewhere and retry") from None
     while True:
-        if os.path.exists(os.path.join(d, ".overlayckpt", "ctl")):
+        if _has_ctl(d):
             return d
         if client.is_stale(d):
             raise UserError(f"{d}: the daemon is gone (stale mount); run 'overlayckpt mount' "

@@ -25,7 +25,9 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict
 
 
 def _ref(value: str) -> Any:
-    return int(value) if value.isdigit() else value
+    from overlayckpt.names import parse_id  # (ASCII digits only: "²" and "１" are names)
+    cid = parse_id(value)
+    return value if cid is None else cid
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -43,20 +45,22 @@ def cmd_log(args: argparse.Namespace) -> int:
     limit = args.limit if args.limit is not None else 0 if args.json else PAGE  # (scripts read all)
     result = _target(args).call({"cmd": "log", "limit": limit, "file": args.file, "all": args.all})
 
+    from overlayckpt.names import line_text, quote_path  # (names, paths, summaries: escaped)
+
     def text(r: dict[str, Any]) -> str:
         lines = []
         for c in r["checkpoints"]:
-            files = " ".join(f"{f['change']} {f['path']}" for f in c["files"][:6])
+            files = " ".join(f"{f['change']} {quote_path(f['path'])}" for f in c["files"][:6])
             total = c.get("files_total", len(c["files"]))
             if total > 6:
                 files += f" (+{total - 6} more)"
             if c.get("files_pending"):
                 files = "(its files are being listed)"
-            name = f" [{c['name']}]" if c["name"] else ""
-            proc = c["process"]["comm"] or "-"
+            name = f" [{line_text(c['name'])}]" if c["name"] else ""
+            proc = line_text(c["process"]["comm"] or "-")
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
-                         f"{c['summary']}" + (f"\n       {files}{delta}" if files else ""))
+                         f"{line_text(c['summary'])}" + (f"\n       {files}{delta}" if files else ""))
         if r.get("more"):
             lines.append(f"(the newest {len(r['checkpoints'])}; older ones: --limit N, or --limit 0 for all)")
         elif r.get("forked_from"):
@@ -84,14 +88,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _diff_text(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
+    from overlayckpt.names import quote_path
+
     def text(r: dict[str, Any]) -> str:
         if args.stat:
-            rows = [f" {f['change']} {f['path']} | " + ("Bin" if f["added"] is None else
+            rows = [f" {f['change']} {quote_path(f['path'])} | " + ("Bin" if f["added"] is None else
                                                         f"+{f['added']} -{f['removed']}")
                     for f in r["files"]]
             rows.append(f" {len(r['files'])} files changed")
             return "\n".join(rows)
-        sys.stdout.write(r["patch"])
+        # the bytes of the files as they are (a line that is not UTF-8 too), whatever the locale
+        sys.stdout.flush()
+        sys.stdout.buffer.write(r["patch"].encode("utf-8", "surrogateescape"))
+        sys.stdout.buffer.flush()
         return ""
     return text
 
@@ -105,10 +114,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(base64.b64decode(result["content_b64"]))
         sys.stdout.flush()
         return 0
+    from overlayckpt.names import quote_path
     if "entries" in result:
-        print("\n".join(result["entries"]))
+        print("\n".join(quote_path(e) for e in result["entries"]))
         return 0
-    print("\n".join(f["path"] + ("/" if f["type"] == "dir" else "") for f in result["files"]))
+    print("\n".join(quote_path(f["path"]) + ("/" if f["type"] == "dir" else "") for f in result["files"]))
     return 0
 
 
@@ -120,10 +130,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if paths:
         cmd["paths"] = paths
     result = _target(args).call(cmd)
+    from overlayckpt.names import line_text
     for w in result.get("warnings", []):
-        print(f"overlayckpt: warning: {w}", file=sys.stderr)
+        print(f"overlayckpt: warning: {line_text(w)}", file=sys.stderr)
     if result.get("resume") and not args.json:
-        print(f"agent transcript cut back to this checkpoint; continue with: {result['resume']}")
+        print("agent transcript cut back to this checkpoint; continue with: "
+              f"{line_text(result['resume'])}")
     return _emit(args, result, lambda r: f"restored checkpoint {r['restored']} ({r['what']}) "
                                          f"as checkpoint {r['id']}")
 
@@ -134,10 +146,12 @@ def cmd_backout(args: argparse.Namespace) -> int:
         cmd["paths"] = args.paths
     result = _target(args).call(cmd)
 
+    from overlayckpt.names import quote_path
+
     def text(r: dict[str, Any]) -> str:
         if r["id"] is None:
             return f"nothing to back out: the changes of checkpoint {r['backed_out']} are undone already"
-        files = " ".join(f"{f['change']} {f['path']}" for f in r["files"][:6])
+        files = " ".join(f"{f['change']} {quote_path(f['path'])}" for f in r["files"][:6])
         more = f" (+{len(r['files']) - 6} more)" if len(r["files"]) > 6 else ""
         return (f"backed out checkpoint {r['backed_out']} as checkpoint {r['id']}: {files}{more}\n"
                 f"(undo: overlayckpt restore {r['id'] - 1})")
@@ -150,13 +164,15 @@ def cmd_conversation(args: argparse.Namespace) -> int:
         cmd["at"] = _ref(args.at)
     result = _target(args).call(cmd)
 
+    from overlayckpt.names import line_text, terminal_text  # (what the agent wrote: escaped)
+
     def text(r: dict[str, Any]) -> str:
         out = []
         for line in r["lines"]:
             mark = "" if line.get("live", True) else "(abandoned) "
             content = line["content"] if isinstance(line["content"], str) else json.dumps(line["content"])
-            tool = f" [{line['tool']}]" if line.get("tool") else ""
-            out.append(f"{mark}{line['role']}{tool}: {content}")
+            tool = f" [{line_text(str(line['tool']))}]" if line.get("tool") else ""
+            out.append(f"{mark}{line_text(str(line['role']))}{tool}: {terminal_text(content)}")
         return "\n".join(out)
     return _emit(args, result, text)
 
@@ -177,8 +193,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_fsck(args: argparse.Namespace) -> int:
     result = _target(args).call({"cmd": "fsck", "repair": args.repair})
+    from overlayckpt.names import line_text
     _emit(args, result, lambda r: "\n".join(
-        [f"repaired: {x}" for x in r["repaired"]] + r["problems"]
+        [f"repaired: {line_text(str(x))}" for x in r["repaired"]] + [line_text(p) for p in r["problems"]]
         + [f"{'clean' if r['clean'] else 'DAMAGED'}: {r['blocks']} blocks, {r['checkpoints']} checkpoints, "
            f"{r['journal']} journal records"]))
     return 0 if result["clean"] else 1
@@ -204,9 +221,11 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     app, _ = build_app(target.call)
     result = app.run()
     if result:
+        from overlayckpt.names import line_text
         print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
         if result.get("resume"):
-            print(f"agent transcript cut back to this checkpoint; continue with: {result['resume']}")
+            print("agent transcript cut back to this checkpoint; continue with: "
+                  f"{line_text(result['resume'])}")
     return 0
 
 

@@ -9,6 +9,7 @@ lines stay in the table as an abandoned branch, never deleted.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from overlayckpt.errors import UserError
@@ -19,6 +20,7 @@ from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
 
 
 MAX_LINE = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
 
 
 
@@ -31,7 +33,22 @@ def parse_line(line: bytes) -> dict[str, Any]:
         raise UserError(f"conversation line is not JSON: {e}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
         raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
-    return obj
+    return _whole_text(obj)  # type: ignore[no-any-return]
+
+
+def _whole_text(value: Any) -> Any:
+    """value with every lone surrogate ("\\ud800": JSON allows it, UTF-8 cannot hold it; an
+    agent's tool output cut inside an emoji has one) replaced by U+FFFD, so the line is
+    stored as sent but for that character rather than refused."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_whole_text(k): _whole_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_text(v) for v in value]
+    return value
 
 
 def append(w: WriteTxn, obj: dict[str, Any]) -> int:

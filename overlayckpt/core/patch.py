@@ -15,6 +15,7 @@ import stat
 import zlib
 
 from overlayckpt.core.timeline import FileChange
+from overlayckpt.names import quote_path
 
 _B85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
 
@@ -203,7 +204,10 @@ def render(changes: list[FileChange]) -> str:
     parts: list[str] = []
     for c in changes:
         path = c.path
-        head = [f"diff --git a/{path} b/{path}\n"]
+        # names as git writes them: C-quoted when they hold a newline, a quote or what a
+        # terminal acts on, so no name can end a header line and `git apply` reads it back
+        a_side, b_side = quote_path("a/" + path), quote_path("b/" + path)
+        head = [f"diff --git {a_side} {b_side}\n"]
         old_mode = _git_mode(c.old[0]) if c.old else None
         new_mode = _git_mode(c.new[0]) if c.new else None
         if c.old and c.new and old_mode != new_mode:
@@ -227,8 +231,8 @@ def render(changes: list[FileChange]) -> str:
             head.append(_binary_patch(old, new))
             parts.append("".join(head))
             continue
-        head.append(f"--- {'a/' + path if c.old else '/dev/null'}\n")
-        head.append(f"+++ {'b/' + path if c.new else '/dev/null'}\n")
+        head.append(f"--- {a_side if c.old else '/dev/null'}\n")
+        head.append(f"+++ {b_side if c.new else '/dev/null'}\n")
         head += _hunks(old.splitlines(keepends=True), new.splitlines(keepends=True))
         parts.append("".join(head))
     return "".join(parts)

@@ -30,6 +30,7 @@ from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
+from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
 from overlayckpt.core.journal import (
     Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
 )
@@ -310,22 +311,23 @@ class Timeline:
     def get(self, r: ReadTxn, ref: Any) -> Checkpoint:
         """A checkpoint by id, name, or @before-last (the state before the last restore or backout)."""
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
-            raise UserError(f"checkpoint must be an id or a name, not {ref!r}")
+            raise UserError(f"checkpoint must be an id or a name, not {shown(ref)}")
         if isinstance(ref, str) and ref == "@before-last":
             for ck in self.newest_first(r):
                 if ck.kind in ("restore", "backout"):
                     return self.get(r, ck.id - 1)  # see _mark_before_restore
             raise UserError("@before-last: there has been no restore yet")
-        cid: int | None = None
-        if isinstance(ref, int) or ref.isdigit():
-            cid = int(ref)
-        else:
-            raw = r.get(NAMES, ref.encode())
+        # ASCII digits are an id; anything else is looked up as a name exactly as given
+        # (so a name stored before the rule of names.py, "-1" say, still finds its own)
+        cid = ref if isinstance(ref, int) else parse_id(ref)
+        if cid is None:
+            key = name_key(ref)
+            raw = r.get(NAMES, key) if key is not None else None
             if raw is not None:
                 cid = from_u64(raw)
         raw = r.get(CKPTS, u64(cid)) if cid is not None and 0 <= cid < 1 << 63 else None
         if raw is None:
-            raise UserError(f"unknown checkpoint {ref!r}: 'overlayckpt log' lists them")
+            raise UserError(f"unknown checkpoint {shown(ref)}: 'overlayckpt log' lists them")
         return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]
 
     # -- states ---------------------------------------------------------------
@@ -340,12 +342,13 @@ class Timeline:
 
     def checkpoint(self, name: str | None, message: str | None, caller: Caller) -> Checkpoint:
         if name is not None:
-            if not name or name.isdigit() or name.startswith("@") or "/" in name or len(name) > 200:
-                raise UserError(f"bad checkpoint name {name!r}: use letters, digits, '-', '_', '.'")
+            check_checkpoint_name(name)
+        if message is not None:
+            check_message(message)
 
         def fn(w: WriteTxn) -> Checkpoint:
             if name is not None and w.get(NAMES, name.encode()) is not None:
-                raise UserError(f"checkpoint name {name!r} is taken: pick another")
+                raise UserError(f"checkpoint name {shown(name)} is taken: pick another")
             close_open_group(w)
             seq = next_seq(w)
             return new_checkpoint(w, seq, seq, "named", name, message, caller.pid, caller.comm)

@@ -152,7 +152,7 @@ class GitExport:
     def _last_exported(self, r: ReadTxn, message: bytes, origin: str) -> Checkpoint:
         trailers = parse_trailers(message)
         cid = trailers.get("Checkpoint-Id", "")
-        if not cid.isdigit():
+        if not (cid.isascii() and cid.isdigit()):  # (int("²") fails)
             raise UserError(f"branch {self.branch} exists and was not made by 'overlayckpt export git': "
                             "pick another --branch")
         if trailers.get("Overlayckpt-Origin") not in (None, origin):

@@ -39,6 +39,7 @@ import pyfuse3
 import trio
 
 from overlayckpt.errors import FsError, Stopped, UserError
+from overlayckpt.names import shown
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
@@ -63,6 +64,30 @@ INSTANT = frozenset({"status", "set_apply"})  # never refused: they hold ctl for
 
 FILES = {b"ctl": CTL_INO, b"status.json": STATUS_INO, b"conversation.jsonl": CONV_INO,
          b"checkpoints": CKPTS_INO}
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
+def _check_values(value: Any) -> None:
+    """Refuse what no command takes, before any command sees it: a string with a NUL (no
+    path, name or message holds one) or with a surrogate that is not one of a file name's
+    undecodable bytes (U+DC80..U+DCFF: how a name that is not UTF-8 travels in JSON)."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise UserError(f"the command holds the string {shown(value)} with a NUL character: "
+                            "no path, name or message may hold one")
+        if any(0xD800 <= ord(c) <= 0xDFFF and not 0xDC80 <= ord(c) <= 0xDCFF for c in value):
+            raise UserError(f"the command holds the string {shown(value)}, which is not valid "
+                            "Unicode: send UTF-8 text")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(k)
+            _check_values(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_values(v)
 
 
 class Session(Protocol):
@@ -250,9 +275,18 @@ class ControlFs:
     async def _run(self, h: ControlHandle, line: bytes) -> int | None:
         """Run one command line; the errno its failure gives the write, or None."""
         try:
-            cmd = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            cmd = json.loads(line, parse_constant=_no_constant)
+            _check_values(cmd)
+        except UserError as e:
+            self._reply(h, {"ok": False, "error": str(e)})
+            return errno.EINVAL
+        except json.JSONDecodeError as e:
             self._reply(h, {"ok": False, "error": f"malformed JSON: {e}"})
+            return errno.EINVAL
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+            why = str(e) if "JSON number" in str(e) else ("a number too long, nesting too deep "
+                                                         "or bytes that are not UTF-8")
+            self._reply(h, {"ok": False, "error": f"malformed JSON: {why}"})
             return errno.EINVAL
         if isinstance(cmd, dict) and cmd.get("cmd") == "interrupt":  # (not a session's command)
             self._reply(h, {"ok": True, "interrupted": await self.interrupt()})
@@ -274,7 +308,8 @@ class ControlFs:
                 return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
             except Exception as e:  # a bad command must never take the daemon or the reply down
                 log.exception("control command failed: %r", line[:200])
-                self._reply(h, {"ok": False, "error": f"command failed: {type(e).__name__}: {e}"})
+                self._reply(h, {"ok": False, "error": f"{shown(cmd.get('cmd'))} failed unexpectedly "
+                                                     f"({e}): daemon.log has the details"})
                 return errno.EINVAL
             finally:
                 self._running.discard(scope)

@@ -21,6 +21,7 @@ from overlayckpt.records import ROOT_INO, Checkpoint, from_u64
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.core.context import Context
 from overlayckpt.core.timeline import AtCheckpoint, Timeline
+from overlayckpt.names import parse_id
 from overlayckpt.tables import CKPTS, NAMES
 
 
@@ -84,8 +85,9 @@ class CheckpointViews:
             raise FsError(errno.ENOENT)
         if parent == CKPTS_INO:
             text = name.decode(errors="replace")
-            if text.isdigit():
-                return self.root_attr(int(text))
+            cid = parse_id(text)  # (ASCII digits only: int("²") fails, int("１") is 1)
+            if cid is not None:
+                return self.root_attr(cid)
 
             def by_name(r: ReadTxn) -> int | None:
                 raw = r.get(NAMES, name)

@@ -22,6 +22,7 @@ from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import ReaderFailed, UserError
+from overlayckpt.names import shown
 from overlayckpt.core.workers import off_loop
 from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
@@ -160,7 +161,7 @@ class Session:
         name = cmd.get("cmd")
         handler = COMMANDS.get(name)  # type: ignore[arg-type]
         if handler is None:
-            raise UserError(f"unknown command {name!r}; known: {', '.join(sorted(COMMANDS))}")
+            raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(COMMANDS))}")
         result = await handler(self, cmd)
         durable = DURABLE.get(name)
         if durable is not None and durable(cmd):

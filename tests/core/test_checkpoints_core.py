@@ -373,3 +373,20 @@ async def test_a_named_checkpoint_is_durable_when_it_answers_an_unnamed_one_soon
     with trio.fail_after(10):
         while not durable():
             await trio.sleep(0.001)
+
+
+def test_a_name_stored_before_the_rule_still_resolves_by_exact_lookup(session: Session) -> None:
+    """"-1" or "a b" are refused now; a store that holds one keeps finding it by its own
+    name, and ids stay ASCII digits: "１" and "²" never read as ids."""
+    from overlayckpt.records import u64
+    from overlayckpt.tables import NAMES
+    tl = Timeline(session)
+    ck = tl.checkpoint("fine", None, ME)
+    session.store.write(lambda w: (w.put(NAMES, b"-1", u64(ck.id)), w.put(NAMES, b"a b", u64(ck.id))))
+    assert session.store.read(lambda r: (tl.get(r, "-1").id, tl.get(r, "a b").id)) == (ck.id, ck.id)
+    for ref in ("１", "²", "", "\udcff", "\ud800", "x" * 600, -1, 1 << 70):
+        with pytest.raises(UserError, match="unknown checkpoint"):
+            session.store.read(lambda r, ref=ref: tl.get(r, ref))
+    for name in ("-2", "a c", "x\0y", "\ud800", ".", ".."):
+        with pytest.raises(UserError, match="bad checkpoint name"):
+            tl.checkpoint(name, None, ME)
