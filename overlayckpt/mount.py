@@ -186,8 +186,8 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             if session.apply_on_exit:
                 result = {"applied": True, **apply_live(session.ctx)}
                 if result["refused"]:  # (device nodes, fifos, other users' files: listed)
-                    log.warning("apply at unmount left %d entries as the repo has them: %s",
-                                len(result["refused"]), result["refused"][:5])
+                    log.info("apply at unmount left %d entries as the repo has them: %s",
+                             len(result["refused"]), result["refused"][:5])
         except Exception as e:
             if isinstance(e, UserError):  # a refusal (the repo changed too): one line
                 log.error("apply at unmount refused: %s", e)

@@ -160,7 +160,7 @@ def _refused_text(r: dict[str, Any]) -> str:
     """What an apply at unmount left out or made less, as apply itself says it."""
     if not r["refused"] and not r["setid_dropped"]:
         return ""
-    from overlayckpt.cli.timeline import applied_text
+    from overlayckpt.cli.applied import applied_text
     return "\n" + applied_text({"repo": r["repo"], "written": 0, "removed": 0, **r}).split("\n", 1)[1]
 
 

@@ -161,26 +161,8 @@ def cmd_conversation(args: argparse.Namespace) -> int:
     return _emit(args, result, text)
 
 
-def applied_text(r: dict[str, Any], what: str = "") -> str:
-    """An apply's result for a terminal: counts, then what it refused or made less."""
-    from overlayckpt.names import quote_path
-    lines = [f"applied {what}to {quote_path(r['repo'])}: {r['written']} written, {r['removed']} removed"]
-
-    def some(paths: list[str]) -> str:
-        return ", ".join(quote_path(p) for p in paths[:5]) + (
-            f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-    refused = r.get("refused") or []
-    if refused:
-        why = sorted({x["why"] for x in refused})
-        lines.append(f"refused {len(refused)} (left as the repo has them): "
-                     f"{some([x['path'] for x in refused])} ({'; '.join(why[:3])})")
-    if r.get("setid_dropped"):
-        lines.append(f"setuid/setgid bits dropped from {len(r['setid_dropped'])} (the repo's copy "
-                     f"did not have them): {some(r['setid_dropped'])}")
-    return "\n".join(lines)
-
-
 def cmd_apply(args: argparse.Namespace) -> int:
+    from overlayckpt.cli.applied import applied_text
     from overlayckpt.errors import PartlyDone
     try:
         if args.from_session:  # another session of the repo (a fork): its own apply

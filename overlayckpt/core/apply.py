@@ -218,16 +218,21 @@ class Applier:
     def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int],
               force: bool = False) -> dict[str, Any]:
         self.check_state(state)  # a hostile or damaged store: refused before anything is written
-        if not force:
-            self.refuse_conflicts(state)
-        dirty = self.dirty_dirs(state, extra_nodes, extra_dirs)
         try:
-            self._sync_dir(state, ROOT_INO, b"", dirty, force=False)
-        except (OSError, FsError, UserError) as e:
-            self.lower_reset()
+            if not force:
+                self.refuse_conflicts(state)
+            dirty = self.dirty_dirs(state, extra_nodes, extra_dirs)
+            try:
+                self._sync_dir(state, ROOT_INO, b"", dirty, force=False)
+            finally:
+                self.lower_reset()
+            self.remember_repo()
+        except UserError as e:
+            if self.at is None:  # (a conflict: refused before anything was looked at)
+                raise
             raise self._stopped(e) from None
-        self.lower_reset()
-        self.remember_repo()
+        except (OSError, FsError) as e:  # ENOSPC, EIO, an entry swapped for a symlink
+            raise self._stopped(e) from None
         return self.result()
 
     def check_state(self, state: Any) -> None:
@@ -331,7 +336,10 @@ class Applier:
         for path, _ in self._seen():
             st = lstat_beneath(self.fd, path)
             record: list[Any] = seen_fingerprint(st)
-            digest = repo_digest(self.fd, path, st.st_size) if st and stat.S_ISREG(st.st_mode) else None
+            try:
+                digest = repo_digest(self.fd, path, st.st_size) if st and stat.S_ISREG(st.st_mode) else None
+            except (FsError, OSError):  # gone or replaced since: the next apply sees the change
+                digest = None
             key = seen_key(path)
             updates.append((key, seen_value(key, path, record + ([digest] if digest else []))))
 
@@ -379,7 +387,7 @@ class Applier:
             return f"of group {node.gid}, which is not yours: only root can keep it"
         return None
 
-    def _mode(self, path: bytes, node: Node, st: os.stat_result | None) -> int:
+    def _mode(self, node: Node, st: os.stat_result | None) -> int:
         """node's permissions, less a setuid/setgid bit the repo's entry did not have for the
         same owner (a bit set in the mount, by the agent or another user, is never granted)."""
         mode = stat.S_IMODE(node.mode)
@@ -392,9 +400,14 @@ class Applier:
                 keep |= stat.S_ISUID
             if st.st_mode & stat.S_ISGID and st.st_gid == gid:
                 keep |= stat.S_ISGID
-        if mode & SETID & ~keep:
-            self.setid_dropped.append(os.fsdecode(path))
         return mode & ~SETID | keep
+
+    def _given_mode(self, path: bytes, node: Node, st: os.stat_result | None) -> int:
+        """_mode, for an entry being written: a bit left out is reported."""
+        mode = self._mode(node, st)
+        if stat.S_IMODE(node.mode) & SETID & ~mode:
+            self.setid_dropped.append(os.fsdecode(path))
+        return mode
 
     def _own(self, fd: int, node: Node, st: os.stat_result, new: bool) -> None:
         """Give what the open fd refers to node's owner: root keeps every owner; anyone else
@@ -509,7 +522,7 @@ class Applier:
                 return  # (and all it holds)
             os.mkdir(name, 0o700, dir_fd=dfd)
             self._wrote(path)
-        if (st is None or stat.S_IMODE(st.st_mode) != stat.S_IMODE(node.mode)
+        if (st is None or stat.S_IMODE(st.st_mode) != self._mode(node, st)
                 or not self._owned(st, node)):
             if st is not None:
                 self._pin(path, recursive=False)
@@ -517,7 +530,7 @@ class Applier:
             try:
                 real = os.fstat(fd)
                 self._own(fd, node, real, st is None)  # (before the mode: a chown clears setgid)
-                os.fchmod(fd, self._mode(path, node, st))
+                os.fchmod(fd, self._given_mode(path, node, st))
             finally:
                 os.close(fd)
         if st is None or force or ino in dirty or node.origin != path or self._pinned(path):
@@ -570,7 +583,7 @@ class Applier:
                 if self.root:
                     fchown_fd(fd, node.uid, node.gid)
                 # through the fd (its magic link names this very inode, checked above)
-                os.chmod(f"/proc/self/fd/{fd}", self._mode(path, node, None))
+                os.chmod(f"/proc/self/fd/{fd}", self._given_mode(path, node, None))
             finally:
                 os.close(fd)
             self._place(dfd, tmp, name)
@@ -608,7 +621,7 @@ class Applier:
             if not self.ov.has_record(state, ino) and node.origin == path and not self._pinned(path):
                 self.written[ino] = (path, st.st_dev, st.st_ino)
                 return  # untouched original lower file at its own place
-            if (st.st_size == node.size and stat.S_IMODE(st.st_mode) == stat.S_IMODE(node.mode)
+            if (st.st_size == node.size and stat.S_IMODE(st.st_mode) == self._mode(node, st)
                     and self._owned(st, node)):
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
                 try:
@@ -628,7 +641,7 @@ class Applier:
             try:
                 self._own(fd, node, os.fstat(fd), True)  # (before the mode: a chown clears setuid)
                 self._write_content(fd, state, ino, node)
-                os.fchmod(fd, self._mode(path, node, st))
+                os.fchmod(fd, self._given_mode(path, node, st))
                 os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
                 os.fsync(fd)
                 real = os.fstat(fd)
