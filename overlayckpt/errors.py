@@ -38,3 +38,12 @@ class ReaderFailed(Exception):
 
 def enoent(msg: str = "") -> FsError:
     return FsError(errno.ENOENT, msg)
+
+
+class PartlyDone(UserError):
+    """A command that failed after it changed something (an apply that hit ENOSPC): its one
+    line, and `details` saying what it changed, for --json and the daemon's reply."""
+
+    def __init__(self, msg: str, details: dict[str, object]) -> None:
+        super().__init__(msg)
+        self.details = details

@@ -185,12 +185,16 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             behind.recover(session.overlay, store_dir)
             if session.apply_on_exit:
                 result = {"applied": True, **apply_live(session.ctx)}
+                if result["refused"]:  # (device nodes, fifos, other users' files: listed)
+                    log.info("apply at unmount left %d entries as the repo has them: %s",
+                             len(result["refused"]), result["refused"][:5])
         except Exception as e:
             if isinstance(e, UserError):  # a refusal (the repo changed too): one line
                 log.error("apply at unmount refused: %s", e)
             else:
                 log.exception("apply at unmount failed")
-            result = {"applied": False, "error": f"applying to {repo} failed: {e}; the session is "
+            result = {**getattr(e, "details", {}),  # what an apply stopped part way wrote
+                      "applied": False, "error": f"applying to {repo} failed: {e}; the session is "
                                                  f"kept: run 'overlayckpt --store {store_dir} apply'"}
         finally:
             abandoned = not wait_idle(WORKERS_WAIT)

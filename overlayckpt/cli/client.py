@@ -9,7 +9,7 @@ TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
 
-from overlayckpt.errors import UserError
+from overlayckpt.errors import PartlyDone, UserError
 
 DAEMON_EXIT_WAIT = 10.0  # seconds a daemon whose mount is gone may take to close its store
 
@@ -87,6 +87,9 @@ class Connection:
             raise UserError(f"daemon at {self.mountpoint} gave no reply")
         reply = json.loads(lines[-1])
         if not reply.get("ok"):
+            details = {k: v for k, v in reply.items() if k not in ("ok", "error")}
+            if details:  # a command that failed part way: what it changed, for --json
+                raise PartlyDone(reply.get("error", "failed"), details)
             raise UserError(reply.get("error", "failed"))
         reply.pop("ok", None)
         return reply

@@ -151,7 +151,17 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     if outcome.get("error"):
         raise UserError(outcome["error"])
     status["applied"] = outcome.get("applied", False)
+    status["refused"] = outcome.get("refused", [])  # what the apply left as the repo has it
+    status["setid_dropped"] = outcome.get("setid_dropped", [])
     return status
+
+
+def _refused_text(r: dict[str, Any]) -> str:
+    """What an apply at unmount left out or made less, as apply itself says it."""
+    if not r["refused"] and not r["setid_dropped"]:
+        return ""
+    from overlayckpt.cli.applied import applied_text
+    return "\n" + applied_text({"repo": r["repo"], "written": 0, "removed": 0, **r}).split("\n", 1)[1]
 
 
 def cmd_unmount(args: argparse.Namespace) -> int:
@@ -166,8 +176,10 @@ def cmd_unmount(args: argparse.Namespace) -> int:
         raise UserError("no overlayckpt mount here: give the mountpoint")
     status = unmount(target, args.apply)
     emit(args, {"mountpoint": target, "repo": status["repo"], "store": status["store"],
-                "applied": status["applied"]},
-         lambda r: f"unmounted {target}" + (f"; applied to {r['repo']}" if r["applied"] else ""))
+                "applied": status["applied"], "refused": status["refused"],
+                "setid_dropped": status["setid_dropped"]},
+         lambda r: f"unmounted {target}" + (f"; applied to {r['repo']}" if r["applied"] else "")
+         + _refused_text(r))
     return 0
 
 

@@ -163,6 +163,8 @@ def apply_from(args: argparse.Namespace) -> dict[str, Any]:
     if ref is None and args.checkpoint is not None:
         ref = _ref(args.checkpoint)
     cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
+    if args.special:
+        cmd["special"] = True
     if ref is not None:
         cmd["checkpoint"] = ref
     return client.call_store(store, cmd)

@@ -178,17 +178,25 @@ def cmd_conversation(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    if args.from_session:  # another session of the repo (a fork): its own apply
-        from overlayckpt.cli.fork import apply_from
-        result = apply_from(args)
-        return _emit(args, result, lambda r: f"applied {args.from_session} to {r['repo']}: "
-                                             f"{r['written']} written, {r['removed']} removed")
-    cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
-    if args.checkpoint is not None:
-        cmd["checkpoint"] = _ref(args.checkpoint)
-    result = _target(args).call(cmd)
-    return _emit(args, result, lambda r: f"applied to {r['repo']}: {r['written']} written, "
-                                         f"{r['removed']} removed")
+    from overlayckpt.cli.applied import applied_text
+    from overlayckpt.errors import PartlyDone
+    try:
+        if args.from_session:  # another session of the repo (a fork): its own apply
+            from overlayckpt.cli.fork import apply_from
+            result = apply_from(args)
+            return _emit(args, result, lambda r: applied_text(r, f"{args.from_session} "))
+        cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
+        if args.special:
+            cmd["special"] = True
+        if args.checkpoint is not None:
+            cmd["checkpoint"] = _ref(args.checkpoint)
+        result = _target(args).call(cmd)
+    except PartlyDone as e:  # (--json: what was written before it stopped, on stdout too)
+        if args.json:
+            json.dump({"error": str(e), **e.details}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        raise
+    return _emit(args, result, applied_text)
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
@@ -278,6 +286,8 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     ap.add_argument("--repo", help="the repo whose session --from names (default: as for sessions)")
     ap.add_argument("--force", action="store_true",
                     help="overwrite files that also changed in the repo since the session began")
+    ap.add_argument("--special", action="store_true",
+                    help="also write device nodes, fifos and sockets (refused and listed without it)")
 
     fk = sub.add_parser("fsck", help="verify every block digest and every reference")
     fk.add_argument("--repair", action="store_true", help="drop corrupt blocks and dangling names")

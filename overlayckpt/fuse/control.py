@@ -303,7 +303,8 @@ class ControlFs:
             except (UserError, FsError) as e:
                 if isinstance(e, Stopped):
                     self._cut.add(h)
-                self._reply(h, {"ok": False, "error": str(e)})
+                # (what a command that failed part way changed: PartlyDone's details)
+                self._reply(h, {**getattr(e, "details", {}), "ok": False, "error": str(e)})
                 store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
                 return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
             except Exception as e:  # a bad command must never take the daemon or the reply down

@@ -264,11 +264,14 @@ def _show_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.apply import apply_checkpoint, apply_live
     force = bool(cmd.get("force"))
+    special = cmd.get("special", False)  # device nodes, fifos and sockets too
+    if not isinstance(special, bool):
+        raise UserError('"special" must be true or false')
     try:
         if cmd.get("checkpoint") is not None:
-            stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force)
+            stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force, special)
         else:
-            stats = apply_live(s.ctx, force)
+            stats = apply_live(s.ctx, force, special)
     finally:
         s.repo_changed()
     return {"repo": s.repo, **stats}
