@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import sys
 from typing import Any
 
@@ -135,19 +137,97 @@ def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str
     return None
 
 
-def find_mount_for(cwd: str | None) -> str | None:
-    start = cwd or os.getcwd()
-    d = os.path.abspath(start)
+# Where the hook may write: a live overlayckpt mount of this user (mount.py mounts with
+# subtype=overlayckpt, which /proc/self/mountinfo shows as this filesystem type)
+FS_TYPE = "fuse.overlayckpt"
+CONTROL_DIR = ".overlayckpt"
+CONVERSATION = "conversation.jsonl"
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as \\ooo."""
+    if "\\" not in field:
+        return field
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def our_mounts() -> dict[str, int]:
+    """Mountpoint -> device of every overlayckpt mount this uid made, as this process sees
+    them (the FUSE super options carry the mounting uid as user_id=N). A mount shadowed by
+    another at the same place keeps the later one's line: the fd check then refuses it."""
+    uid_opt = f"user_id={os.getuid()}"
+    out: dict[str, int] = {}
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            if FS_TYPE not in line:
+                continue
+            mine, _, sb = line.rstrip("\n").partition(" - ")
+            fields, sb_fields = mine.split(" "), sb.split(" ")
+            # a bind mount of a subdirectory has another root: its .overlayckpt is the repo's
+            if len(fields) < 5 or len(sb_fields) < 3 or sb_fields[0] != FS_TYPE or fields[3] != "/" \
+                    or uid_opt not in sb_fields[2].split(","):
+                continue
+            major, _, minor = fields[2].partition(":")
+            out[_unescape(fields[4])] = os.makedev(int(major), int(minor))
+    return out
+
+
+def find_mount_for(cwd: str | None, mounts: dict[str, int] | None = None) -> str | None:
+    """The innermost of this user's overlayckpt mountpoints that holds cwd, or None."""
+    mounts = our_mounts() if mounts is None else mounts
+    if not mounts:
+        return None
+    d = os.path.abspath(cwd if isinstance(cwd, str) and cwd else os.getcwd())
     while True:
-        try:
-            if os.path.exists(os.path.join(d, ".overlayckpt", "conversation.jsonl")):
-                return d
-        except OSError:
-            return None
+        if d in mounts:
+            return d
         parent = os.path.dirname(d)
         if parent == d:
             return None
         d = parent
+
+
+def open_conversation(mount: str | None, cwd: Any) -> int | None:
+    """An fd appending to the conversation of a verified live mount: mount (--mount or
+    OVERLAYCKPT_MOUNT) if given, else the one holding cwd; None if there is none.
+
+    Nothing found by name is trusted (a repo may ship .overlayckpt/conversation.jsonl,
+    as a symlink or planted by another user): the directory must be a mountpoint of our
+    filesystem type mounted by this uid, every step below it is opened from the one
+    before without following symlinks and without creating anything, and each must be
+    on that mount's device."""
+    mounts = our_mounts()
+    if mount is not None:
+        where: str | None = os.path.abspath(mount)
+        if where not in mounts:
+            where = os.path.realpath(where)  # the user's own spelling of it
+            if where not in mounts:
+                raise ValueError(f"{mount} is not an overlayckpt mount of this user: nothing logged")
+    else:
+        where = find_mount_for(cwd, mounts)
+        if where is None:
+            return None  # not inside an overlayckpt mount: nothing to record
+    dev = mounts[where]
+    root = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if os.fstat(root).st_dev != dev:  # something else mounted over it, or a swapped path
+            return None
+        ctl = os.open(CONTROL_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+    finally:
+        os.close(root)
+    try:
+        if os.fstat(ctl).st_dev != dev:
+            return None
+        # no O_CREAT: the daemon serves the file; O_NONBLOCK: never wait on a fifo
+        fd = os.open(CONVERSATION, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=ctl)
+    finally:
+        os.close(ctl)
+    st = os.fstat(fd)
+    if st.st_dev != dev or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def hook_main(argv: list[str]) -> int | None:
@@ -178,11 +258,9 @@ def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
         line = event_to_line(event, agent)
         if line is None:
             return 0
-        target = mount or os.environ.get("OVERLAYCKPT_MOUNT") or find_mount_for(_event_cwd(event))
-        if target is None:
-            return 0  # not inside an overlayckpt mount: nothing to record
-        path = os.path.join(target, ".overlayckpt", "conversation.jsonl")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fd = open_conversation(mount or os.environ.get("OVERLAYCKPT_MOUNT") or None, _event_cwd(event))
+        if fd is None:
+            return 0
         try:
             os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
         finally:
