@@ -25,6 +25,10 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
         if mcp and agents.uninstall_mcp(mcp):
             print(f"MCP server removed from {mcp}")
         return 0
+    # every directory checked before anything is written: the agent's own one may be made
+    agents.settings_dir(path, create=not args.settings)
+    if mcp:
+        agents.settings_dir(mcp, create=False)
     command = f"{sys.executable} -m {agents.HOOK_MARK} {args.agent}"
     agents.install_hooks(path, command, args.agent)
     print(f"hooks written to {path} (they log only inside an overlayckpt mount)")

@@ -8,6 +8,7 @@ one line on stderr and exits 0, quickly.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -321,13 +322,49 @@ def _read_settings(path: str) -> dict[str, Any]:
     return settings
 
 
+def settings_dir(path: str, create: bool) -> None:
+    """Make sure the directory of an agent's settings file is there before anything is
+    written: create=True (the agent's own default, e.g. ~/.codex) makes that one
+    directory 0700 if its parent exists; a tree is never made, and a path the user gave
+    (--settings) must lie in an existing directory. UserError otherwise."""
+    from overlayckpt.errors import UserError
+    from overlayckpt.names import quote_path
+    d = os.path.dirname(path)
+    if os.path.isdir(d):
+        return
+    if create and os.path.isdir(os.path.dirname(d)):
+        try:
+            os.mkdir(d, 0o700)
+            return
+        except FileExistsError:
+            if os.path.isdir(d):
+                return
+    raise UserError(f"{quote_path(d)} is not a directory: create it first (nothing was written)")
+
+
+def _replace_file(path: str, text: str) -> None:
+    """path's new content, written to a new temp file beside it (O_EXCL, no symlink
+    followed) and renamed over it: 0600 when new, its mode kept when not. A symlink at
+    path is replaced by the file, not written through."""
+    import tempfile
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o600  # settings may hold keys and tokens: the user's alone
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path) + ".",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def _write_settings(path: str, settings: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(settings, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    _replace_file(path, json.dumps(settings, indent=2) + "\n")
 
 
 def _member(obj: dict[str, Any], key: str, kind: type, path: str) -> Any:
@@ -455,10 +492,7 @@ def install_mcp(path: str, python: str, agent: str) -> str:
         if MCP_NAME in (config.get("mcp_servers") or {}):
             text = _without_codex_table(text)
         table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = ["-m", "overlayckpt", "mcp"]\n'
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            f.write((text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
-        os.replace(path + ".tmp", path)
+        _replace_file(path, (text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
         return path
     settings = _read_settings(path)
     servers = _member(settings, "mcpServers", dict, path)
@@ -477,9 +511,7 @@ def uninstall_mcp(path: str) -> bool:
         text, config = _codex_toml(path)
         if MCP_NAME not in (config.get("mcp_servers") or {}):
             return False
-        with open(path + ".tmp", "w") as f:
-            f.write(_without_codex_table(text))
-        os.replace(path + ".tmp", path)
+        _replace_file(path, _without_codex_table(text))
         return True
     settings = _read_settings(path)
     servers = settings.get("mcpServers")
@@ -505,29 +537,118 @@ def _codex_result(entry: dict[str, Any], call_id: str) -> bool:
         and payload.get("call_id") == call_id
 
 
+def transcript_root(agent: str) -> str:
+    """The directory where the agent keeps this user's transcripts (Claude Code:
+    CLAUDE_CONFIG_DIR or ~/.claude, then projects/; Codex: CODEX_HOME or ~/.codex, then
+    sessions/), as the daemon's environment (the user's, at mount time) names it."""
+    home = os.path.expanduser("~")
+    if agent == "codex":
+        return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "sessions")
+    return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude"), "projects")
+
+
+class Transcript:
+    """A transcript named by a conversation line (which the agent can forge), opened
+    beneath its agent's transcript root one component at a time, never through a symlink:
+    `dir_fd` holds it (the cut copy goes there), `fd` reads it. Close it when done."""
+
+    def __init__(self, path: Any, agent: str) -> None:
+        from overlayckpt.names import quote_path
+        root = transcript_root(agent)
+        shown = quote_path(path) if isinstance(path, str) else repr(path)
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+            raise ValueError(f"{shown} is not an absolute path")
+        # lexically beneath the root as the user spells it, or as it resolves (the root
+        # itself may be a link the user made: only what lies below it is walked strictly)
+        rest = None
+        for base in dict.fromkeys((os.path.normpath(root), os.path.realpath(root))):
+            if path.startswith(base.rstrip("/") + "/"):
+                rest = path[len(base.rstrip("/")) + 1:].split("/")
+                break
+        if rest is None or any(part in ("", ".", "..") for part in rest):
+            raise ValueError(f"{shown} is not in {quote_path(root)}, where {agent} keeps its transcripts")
+        self.path = path
+        uid = os.getuid()
+        fd = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in rest[:-1]:
+                try:
+                    step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except NotADirectoryError:
+                    raise ValueError(f"{shown} goes through a symlink or a file") from None
+                os.close(fd)
+                fd = step
+            if os.fstat(fd).st_uid != uid:
+                raise ValueError(f"{shown} lies in a directory of another user")
+            try:
+                src = os.open(rest[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise ValueError(f"{shown} is a symlink") from None
+                raise
+            st = os.fstat(src)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                os.close(src)
+                raise ValueError(f"{shown} is not a regular file of this user")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.dir_fd, self.fd = fd, src
+
+    def lines(self) -> Any:
+        return os.fdopen(os.dup(self.fd), encoding="utf-8", errors="surrogateescape")
+
+    def write_copy(self, name: str, lines: list[str]) -> str:
+        """A new file beside the transcript, 0600 as the agents keep theirs; its path."""
+        from overlayckpt.names import is_file_name
+        if not is_file_name(name.encode("utf-8", "surrogateescape")):
+            raise ValueError(f"cannot name a copy {name!r}")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.dir_fd)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as dst:
+            dst.writelines(lines)
+        return os.path.join(os.path.dirname(self.path), name)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.dir_fd)
+
+
 def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
     """The agent transcript of a checkpoint's conversation (its lines, oldest first) cut
-    back to it: (the command that resumes it, the copy's path); None if there is none."""
+    back to it: (the command that resumes it, the copy's path); None if there is none.
+
+    The newest line naming a transcript that exists decides; ValueError (saying why) if
+    that transcript is not where its agent keeps them: a line may be forged by anyone who
+    can write ctl, and nothing is read or written outside the agent's own directory."""
     for line in reversed(lines):
         path = line.get("transcript_path")
         agent = line.get("agent")
-        if agent in TRANSCRIPT_AGENTS and path and os.path.isfile(path):
+        if agent not in TRANSCRIPT_AGENTS or not path:
+            continue
+        try:
+            transcript = Transcript(path, agent)
+        except FileNotFoundError:
+            continue  # gone (deleted by the agent or the user): an older one may remain
+        try:
             call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
             if agent == "codex":
-                session, copy = cut_codex_rollout(path, line["time"], call)
+                session, copy = cut_codex_rollout(transcript, line["time"], call)
                 return f"codex resume {session}", copy
-            copy = cut_transcript(path, line["time"], call)
+            copy = cut_transcript(transcript, line["time"], call)
             return f"claude --resume {copy}", copy
+        finally:
+            transcript.close()
     return None
 
 
-def _cut(path: str, until_iso: str, is_end: Any) -> list[str]:
+def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[str]:
     """A JSONL transcript's lines (as written) through the first entry is_end accepts,
     or, if none does, those stamped no later than until_iso."""
     import datetime
     until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
     entries: list[tuple[str, dict[str, Any]]] = []
-    with open(path) as src:
+    with transcript.lines() as src:
         for line in src:
             try:
                 entry = json.loads(line)
@@ -547,14 +668,8 @@ def _cut(path: str, until_iso: str, is_end: Any) -> list[str]:
     return kept
 
 
-def _write_private(path: str, lines: list[str]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as the agents keep theirs
-    with os.fdopen(fd, "w") as dst:
-        dst.writelines(lines)
-
-
-def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = None) -> str:
-    """Copy a Claude Code transcript up to a point; returns the copy's path.
+def cut_transcript(transcript: Transcript, until_iso: str, tool_use_id: str | None = None) -> str:
+    """Copy a Claude Code transcript up to a point, beside it; returns the copy's path.
 
     The point is a tool call's result when tool_use_id is given (the transcript names
     calls by the ids the hooks log), else a time. The copy keeps the session id: Claude
@@ -565,15 +680,13 @@ def cut_transcript(transcript: str, until_iso: str, tool_use_id: str | None = No
     """
     import uuid
     kept = _cut(transcript, until_iso, lambda e: tool_use_id is not None and _claude_result(e, tool_use_id))
-    out_path = os.path.join(os.path.dirname(transcript), str(uuid.uuid4()) + ".jsonl")
-    _write_private(out_path, kept)
-    return out_path
+    return transcript.write_copy(str(uuid.uuid4()) + ".jsonl", kept)
 
 
-def cut_codex_rollout(rollout: str, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
-    """Copy a Codex rollout up to a call's output (else a time) as a session of its own;
-    returns (its id, its path). Codex finds a session by the id in its first line
-    (session_meta) and in the file's name; `codex resume ID` works from any directory."""
+def cut_codex_rollout(rollout: Transcript, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
+    """Copy a Codex rollout up to a call's output (else a time) as a session of its own,
+    beside it; returns (its id, its path). Codex finds a session by the id in its first
+    line (session_meta) and in the file's name; `codex resume ID` works from any directory."""
     import uuid
     kept = _cut(rollout, until_iso, lambda e: call_id is not None and _codex_result(e, call_id))
     new_id = str(uuid.uuid4())
@@ -586,9 +699,7 @@ def cut_codex_rollout(rollout: str, until_iso: str, call_id: str | None = None) 
             kept[i] = line.replace(old_id, new_id)
             break
     if old_id is None:
-        raise ValueError(f"{rollout} has no session id")
-    name = os.path.basename(rollout)
+        raise ValueError(f"{os.path.basename(rollout.path)} has no session id")
+    name = os.path.basename(rollout.path)
     name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
-    out_path = os.path.join(os.path.dirname(rollout), name)
-    _write_private(out_path, kept)
-    return new_id, out_path
+    return new_id, rollout.write_copy(name, kept)

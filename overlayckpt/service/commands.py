@@ -146,7 +146,9 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         what = "code"
     result = await Timeline(s.ctx).restore(cmd["id"], _caller(), paths, what)
     if what in ("conversation", "both"):
-        result.update(_claude_resume(s, result["restored"]))
+        resume = _claude_resume(s, result["restored"])
+        result["warnings"] = result.get("warnings", []) + resume.pop("warnings", [])
+        result.update(resume)
     return result
 
 
@@ -167,8 +169,10 @@ def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:
         found = resume_command(lines)
-    except (OSError, ValueError):
-        return {}
+    except (OSError, ValueError) as e:  # the restore stands; the user learns why in one line
+        from overlayckpt.names import quote_path
+        why = f"{e.strerror}: {quote_path(e.filename or '')}" if isinstance(e, OSError) else str(e)
+        return {"warnings": [f"the agent transcript was not cut: {why}"]}
     if found is None:
         return {}
     command, path = found
