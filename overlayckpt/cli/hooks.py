@@ -29,7 +29,8 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
     agents.settings_dir(path, create=not args.settings)
     if mcp:
         agents.settings_dir(mcp, create=False)
-    command = f"{sys.executable} -m {agents.HOOK_MARK} {args.agent}"
+    import shlex
+    command = f"{shlex.quote(sys.executable)} -P -m {agents.HOOK_MARK} {args.agent}"
     agents.install_hooks(path, command, args.agent)
     print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
     if mcp:

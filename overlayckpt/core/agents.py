@@ -35,7 +35,10 @@ AS_CLAUDE = {"BeforeAgent": "UserPromptSubmit", "BeforeTool": "PreToolUse", "Aft
              "postToolUse": "PostToolUse", "postToolUseFailure": "PostToolUseFailure",
              "afterAgentResponse": "Stop"}
 MCP_NAME = "overlayckpt"  # our entry in the agents' mcpServers
-HOOK_MARK = "overlayckpt hook"  # in every command we install: `... -m overlayckpt hook AGENT`
+HOOK_MARK = "overlayckpt hook"  # in every command we install: `... -P -m overlayckpt hook AGENT`
+# Agents run hooks and MCP servers in the repo: without -P, `python -m overlayckpt` puts
+# that directory first on sys.path, and a repo shipping overlayckpt/ would run its own code
+MCP_ARGS = ["-P", "-m", "overlayckpt", "mcp"]
 TURN_FINISHED = "(turn finished)"  # a Stop event without the assistant's last message
 
 
@@ -407,7 +410,11 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
     for event in AGENT_EVENTS[agent]:
         entries = _member(hooks, event, list, path)
-        if not any(_is_ours(e) for e in entries):
+        ours = [i for i, e in enumerate(entries) if _is_ours(e)]
+        if ours:  # an earlier install's command (say, without -P) becomes this one, in place
+            entries[ours[0]] = _hook_entry(agent, event, command)
+            entries[:] = [e for i, e in enumerate(entries) if i not in ours[1:]]
+        else:
             entries.append(_hook_entry(agent, event, command))
     _write_settings(path, settings)
     return path
@@ -491,12 +498,12 @@ def install_mcp(path: str, python: str, agent: str) -> str:
         text, config = _codex_toml(path)
         if MCP_NAME in (config.get("mcp_servers") or {}):
             text = _without_codex_table(text)
-        table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = ["-m", "overlayckpt", "mcp"]\n'
+        table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = {json.dumps(MCP_ARGS)}\n'
         _replace_file(path, (text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
         return path
     settings = _read_settings(path)
     servers = _member(settings, "mcpServers", dict, path)
-    server: dict[str, Any] = {"command": python, "args": ["-m", "overlayckpt", "mcp"]}
+    server: dict[str, Any] = {"command": python, "args": MCP_ARGS}
     if agent == "claude-code":
         server = {"type": "stdio", **server, "env": {}}
     servers[MCP_NAME] = server

@@ -257,3 +257,29 @@ def test_install_hooks_keeps_the_mode_and_follows_no_planted_link(tmp_path: Path
     assert linked.stat().st_mode & 0o777 == victim.stat().st_mode & 0o777  # the mode the user gave it
     assert victim.read_text() == "{}"
     assert (settings_dir / "kept.json.tmp").is_symlink()
+
+
+def test_a_repo_shipping_an_overlayckpt_package_runs_none_of_it(tmp_path: Path) -> None:
+    """Agents run the installed hook and MCP server in the repo, whose directory `python -m`
+    would put first on sys.path: a shipped overlayckpt/ package must not be what runs.
+    An earlier install's command (without -P) is replaced in place."""
+    settings = tmp_path / "settings.json"
+    old = {"type": "command", "command": f"{sys.executable} -m overlayckpt hook claude-code"}
+    settings.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [old]}]}}))
+    env = hook_env(CLAUDE_CONFIG_DIR=str(tmp_path))  # the MCP server goes to tmp_path/.claude.json
+    run_cli("install-hooks", "claude-code", "--settings", str(settings), "--project", str(tmp_path), env=env)
+    hooks = json.loads(settings.read_text())["hooks"]
+    commands = {h["command"] for entries in hooks.values() for e in entries for h in e["hooks"]}
+    assert len(commands) == 1 and len(hooks["Stop"]) == 1, hooks
+    server = json.loads((tmp_path / ".claude.json").read_text())["mcpServers"]["overlayckpt"]
+    repo = make_repo(tmp_path / "repo")
+    (repo / "overlayckpt").mkdir()
+    (repo / "overlayckpt" / "__init__.py").write_text("")
+    (repo / "overlayckpt" / "__main__.py").write_text("open('PWNED', 'w')\n")
+    before = surroundings(tmp_path)
+    proc = subprocess.run(["sh", "-c", commands.pop()], input=event(repo), text=True, capture_output=True,
+                          cwd=repo, env=hook_env(), timeout=30)
+    assert proc.returncode == 0 and proc.stderr == "", proc
+    subprocess.run([server["command"], *server["args"]], stdin=subprocess.DEVNULL, capture_output=True,
+                   cwd=repo, env=hook_env(), timeout=60)
+    assert surroundings(tmp_path) == before
