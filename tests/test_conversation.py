@@ -260,7 +260,8 @@ def test_the_hook_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert "overlayckpt.core.agents" in loaded
     heavy = {m for m in loaded if m.split(".")[0] in ("trio", "lmdb", "zstandard", "blake3",
                                                       "pyfuse3", "prompt_toolkit")
-             or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records"))}
+             or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records",
+                              "overlayckpt.core.agent_settings", "overlayckpt.core.transcripts"))}
     assert not heavy
 
 

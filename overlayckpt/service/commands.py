@@ -163,7 +163,7 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
-    from overlayckpt.core.agents import resume_command
+    from overlayckpt.core.transcripts import resume_command
     from overlayckpt.core.conversation import live_lines
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
