@@ -153,6 +153,27 @@ def test_a_mount_of_another_user_gets_nothing(user: User, torn_down) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_the_hook_logs_in_a_sandboxed_run_of_a_user(user: User) -> None:
+    """The positive control where the checks could misfire: `run --private` as a normal
+    user mounts in the user's own user and mount namespaces, and the agent runs in one
+    more user namespace; mountinfo must still name the user's uid, and the hook log."""
+    work = Path(tempfile.mkdtemp(prefix="hookns-", dir=user.home))
+    try:
+        repo = make_repo(work / "repo")
+        (work / "event.json").write_text(event(repo))
+        user.chown(work)
+        python = f"{sys.executable} -P -m overlayckpt"
+        probe = (f"{python} hook claude-code < {work}/event.json && "
+                 f"{python} hook claude-code --mount {repo} < {work}/event.json && "
+                 "cat .overlayckpt/conversation.jsonl")
+        proc = user.cli("run", "--private", "--repo", str(repo), "--", "sh", "-c", probe,
+                        wrap=("env", f"PYTHONPATH={ROOT}"))
+        assert [json.loads(x)["content"] for x in proc.stdout.splitlines()] == [PROMPT] * 2, proc
+        assert "overlayckpt hook" not in proc.stderr, proc.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # --- a transcript path read from the conversation --------------------------------------
 
 def transcript_entry(text: str) -> str:
