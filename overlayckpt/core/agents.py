@@ -157,8 +157,9 @@ def _unescape(field: str) -> str:
 
 def our_mounts() -> dict[str, int]:
     """Mountpoint -> device of every overlayckpt mount this uid made, as this process sees
-    them (the FUSE super options carry the mounting uid as user_id=N). A mount shadowed by
-    another at the same place keeps the later one's line: the fd check then refuses it."""
+    them (the FUSE super options carry the mounting uid as user_id=N). Of two at one place
+    the later (on top) is kept; anything else mounted over one fails open_conversation's
+    device check."""
     uid_opt = f"user_id={os.getuid()}"
     out: dict[str, int] = {}
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
