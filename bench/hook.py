@@ -53,7 +53,7 @@ def main() -> int:
         subprocess.run(cli + ["mount", repo, mnt, "--store", store], check=True,
                        stdout=subprocess.DEVNULL)
         try:
-            hook = [sys.executable, "-m", *HOOK_MARK.split(), "claude-code"]
+            hook = [sys.executable, "-P", "-m", *HOOK_MARK.split(), "claude-code"]
             event = json.dumps(dict(EVENT, cwd=mnt)).encode()
             times: dict[str, list[float]] = {"python -c pass": [], "hook": []}
             for _ in range(args.runs):

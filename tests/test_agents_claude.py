@@ -72,10 +72,14 @@ def absolute(mnt: Path, tool_input: dict) -> dict:
 
 
 def test_a_claude_session_is_one_checkpoint_per_tool_call(claude: Path, model: ScriptedModel,
-                                                          repo: Path, mount_factory, tmp_path: Path) -> None:
-    m: Mount = mount_factory(repo)
+                                                          repo: Path, mount_factory, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     home.mkdir()
+    # the daemon cuts transcripts only where this user's Claude keeps them: the same home
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    m: Mount = mount_factory(repo)
     run_cli("install-hooks", "claude-code", "--project", str(m.mnt), env=dict(os.environ, HOME=str(home)))
     assert not (m.mnt / ".claude").exists()  # nothing of ours in the captured tree
     model.play([(tool, absolute(m.mnt, args)) for tool, args, _, _ in STEPS] + [FINAL])

@@ -61,10 +61,13 @@ def run_codex(codex: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
 
 
 def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: ScriptedModel, repo: Path,
-                                                         mount_factory, tmp_path: Path) -> None:
-    m: Mount = mount_factory(repo)
+                                                         mount_factory, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     (home / ".codex").mkdir(parents=True)
+    # the daemon cuts rollouts only where this user's Codex keeps them: the same CODEX_HOME
+    monkeypatch.setenv("CODEX_HOME", str(home / ".codex"))
+    m: Mount = mount_factory(repo)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env.update(HOME=str(home), CODEX_HOME=str(home / ".codex"), SCRIPTED_KEY="sk-scripted")
     (home / ".codex" / "config.toml").write_text(

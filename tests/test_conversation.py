@@ -222,7 +222,9 @@ def test_install_hooks_refuses_a_broken_settings_file(tmp_path: Path) -> None:
     assert settings.read_text() == "{broken"
 
 
-def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path: Path) -> None:
+def test_restore_cuts_the_claude_transcript(repo: Path, mount_factory, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path))  # the daemon's: transcripts in tmp_path/projects
     m = mount_factory(repo)
     transcript = tmp_path / "projects" / "sess.jsonl"
     transcript.parent.mkdir()
@@ -258,7 +260,8 @@ def test_the_hook_imports_only_what_it_needs(tmp_path: Path) -> None:
     assert "overlayckpt.core.agents" in loaded
     heavy = {m for m in loaded if m.split(".")[0] in ("trio", "lmdb", "zstandard", "blake3",
                                                       "pyfuse3", "prompt_toolkit")
-             or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records"))}
+             or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records",
+                              "overlayckpt.core.agent_settings", "overlayckpt.core.transcripts"))}
     assert not heavy
 
 

@@ -107,7 +107,7 @@ def ours(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in entries if "overlayckpt hook" in json.dumps(e)]
 
 
-MCP = {"command": sys.executable, "args": ["-m", "overlayckpt", "mcp"]}
+MCP = {"command": sys.executable, "args": ["-P", "-m", "overlayckpt", "mcp"]}
 
 
 def test_install_hooks_gemini_merges_and_uninstalls(tmp_path: Path) -> None:

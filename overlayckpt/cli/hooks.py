@@ -16,24 +16,29 @@ def cmd_hook(args: argparse.Namespace) -> int:
 
 
 def cmd_install_hooks(args: argparse.Namespace) -> int:
-    from overlayckpt.core import agents
-    path = os.path.abspath(args.settings or agents.user_settings_path(args.agent))
-    mcp = None if args.no_mcp else agents.mcp_config_path(args.agent, path)
+    from overlayckpt.core import agent_settings
+    path = os.path.abspath(args.settings or agent_settings.user_settings_path(args.agent))
+    mcp = None if args.no_mcp else agent_settings.mcp_config_path(args.agent, path)
     if args.uninstall:
-        done = agents.uninstall_hooks(path)
+        done = agent_settings.uninstall_hooks(path)
         print(f"hooks removed from {path}" if done else f"no hooks of ours in {path}")
-        if mcp and agents.uninstall_mcp(mcp):
+        if mcp and agent_settings.uninstall_mcp(mcp):
             print(f"MCP server removed from {mcp}")
         return 0
-    command = f"{sys.executable} -m {agents.HOOK_MARK} {args.agent}"
-    agents.install_hooks(path, command, args.agent)
+    # every directory checked before anything is written: the agent's own one may be made
+    agent_settings.settings_dir(path, create=not args.settings)
+    if mcp:
+        agent_settings.settings_dir(mcp, create=False)
+    import shlex
+    command = f"{shlex.quote(sys.executable)} -P -m {agent_settings.HOOK_MARK} {args.agent}"
+    agent_settings.install_hooks(path, command, args.agent)
     print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
     if mcp:
-        agents.install_mcp(mcp, sys.executable, args.agent)
-        print(f"MCP server `{agents.MCP_NAME}` registered in {mcp} (it serves the mount the agent runs in)")
+        agent_settings.install_mcp(mcp, sys.executable, args.agent)
+        print(f"MCP server `{agent_settings.MCP_NAME}` registered in {mcp} (it serves the mount the agent runs in)")
     if args.agent == "codex":
         print("Codex runs them once trusted: review them with /hooks in codex")
-    old = agents.remove_project_hooks(os.path.abspath(args.project)) if args.agent == "claude-code" else None
+    old = agent_settings.remove_project_hooks(os.path.abspath(args.project)) if args.agent == "claude-code" else None
     if old:
         print(f"removed our hooks from {old} (restoring the code could delete it)")
     return 0

@@ -146,7 +146,9 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         what = "code"
     result = await Timeline(s.ctx).restore(cmd["id"], _caller(), paths, what)
     if what in ("conversation", "both"):
-        result.update(_claude_resume(s, result["restored"]))
+        resume = _claude_resume(s, result["restored"])
+        result["warnings"] = result.get("warnings", []) + resume.pop("warnings", [])
+        result.update(resume)
     return result
 
 
@@ -161,14 +163,16 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
-    from overlayckpt.core.agents import resume_command
+    from overlayckpt.core.transcripts import resume_command
     from overlayckpt.core.conversation import live_lines
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:
         found = resume_command(lines)
-    except (OSError, ValueError):
-        return {}
+    except (OSError, ValueError) as e:  # the restore stands; the user learns why in one line
+        from overlayckpt.names import quote_path
+        why = f"{e.strerror}: {quote_path(e.filename or '')}" if isinstance(e, OSError) else str(e)
+        return {"warnings": [f"the agent transcript was not cut: {why}"]}
     if found is None:
         return {}
     command, path = found
