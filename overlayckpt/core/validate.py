@@ -145,15 +145,15 @@ def _path(path: Any) -> bytes:
 def mode_problem(mode: Any, bundle: bool) -> str | None:
     """Why mode (st_mode) is not of a file the product keeps, or grants what it must not."""
     if not isinstance(mode, int) or isinstance(mode, bool) or mode & ~0o177777:
-        return f"mode {mode!r:.40} is not a file mode"
+        return f"a mode ({mode!r:.40}) that is not a file mode"
     kind = stat.S_IFMT(mode)
     if kind in _DEVICES:
         if bundle:
-            return f"mode {mode:o} is a device node"
+            return f"a mode ({mode:o}) of a device node"
     elif kind not in _KINDS:
-        return f"mode {mode:o} is of no known file type"
+        return f"a mode ({mode:o}) of no known file type"
     if bundle and (mode & stat.S_ISUID or mode & stat.S_ISGID and kind != stat.S_IFDIR):
-        return f"mode {mode:o} is setuid or setgid"
+        return f"a mode ({mode:o}) that is setuid or setgid"
     return None
 
 

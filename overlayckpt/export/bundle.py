@@ -174,8 +174,8 @@ class BundleReader:
     def _inflate(self) -> bytes:
         try:
             return self._z.read(_CHUNK)
-        except (zstandard.ZstdError, OSError) as e:
-            raise self._damaged(f"its compressed stream is corrupt: {str(e)[:80]}") from None
+        except (zstandard.ZstdError, OSError):
+            raise self._damaged("its compressed stream is corrupt") from None
 
     def _take(self, n: int) -> bytes:
         """The next n bytes of the stream (n is bounded by the caller)."""
@@ -213,8 +213,8 @@ class BundleReader:
                     obj = unpacker.unpack()
                 except msgpack.OutOfData:
                     pass
-                except Exception as e:  # (msgpack's: malformed, or beyond a limit)
-                    raise self._damaged(f"{what} is malformed: {type(e).__name__}") from None
+                except Exception:  # (msgpack's: malformed, or beyond a limit)
+                    raise self._damaged(f"{what} is malformed") from None
                 else:
                     # the rest of what was fed belongs to what follows (it ends in data)
                     self._buf = data[len(data) - (fed - unpacker.tell()):]
