@@ -407,6 +407,9 @@ class Store:
             store.write(init_bs)
             store.block_size = store.read(lambda r: r.meta_int(BLOCK_SIZE_KEY))
             store.sync()
+        if (why := block_size_problem(store.block_size)) is not None:
+            store.close()  # (every block offset would divide by it or overflow)
+            raise StoreDamaged(f"store {path} is damaged (its {why}): nothing was served")
         _opened(store)
         return store
 
