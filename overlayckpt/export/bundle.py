@@ -168,7 +168,7 @@ class BundleReader:
         self.tables = [t.encode() for t in self.header["tables"]]
 
     def _damaged(self, what: str) -> UserError:
-        return UserError(f"{self.path} is damaged or not a bundle ({what}): refused, nothing "
+        return UserError(f"{self.path} is not a valid overlayckpt bundle ({what}): refused, nothing "
                          "was imported; export the bundle again")
 
     def _inflate(self) -> bytes:
