@@ -21,6 +21,10 @@ FORMAT_VERSION = 5  # 2: the history index; 3: GROUPFILES and split raw blocks; 
 # counter at each checkpoint (Checkpoint.next_ino); 5: each group's counts row in GROUPFILES;
 # older formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
+# the block sizes a store may have (a power of two): a bundle's, a store's, --block-size
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 512, 1 << 20
+MAX_FILE_SIZE = 1 << 40  # bytes: a larger size in a record is damage (or an attack), not data
+PATH_MAX = 4096  # bytes in a path (Linux), a symlink target included
 
 ROOT_INO = 1
 NAME_MAX = 255  # bytes in a name, as Linux file systems allow
@@ -244,4 +248,10 @@ class Checkpoint:
         return cls(cid, *unpack_obj(raw))
 
 
-
+def block_size_problem(n: object) -> str | None:
+    """Why n cannot be a store's block size, or None when it can."""
+    if not isinstance(n, int) or isinstance(n, bool) or not MIN_BLOCK_SIZE <= n <= MAX_BLOCK_SIZE \
+            or n & (n - 1):
+        return (f"block size {n!r} is not a power of two from {MIN_BLOCK_SIZE} to "
+                f"{MAX_BLOCK_SIZE}")
+    return None

@@ -23,9 +23,13 @@ from overlayckpt.core.journal import records
 from overlayckpt.core.sweep import children_of, in_tree, named_of, sweep
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, from_u64, u64, unpack_obj,
+    T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, block_size_problem, from_u64, u64,
+    unpack_obj,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_block, store_at
+from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
+from overlayckpt.store.lmdbstore import (
+    ReadTxn, Store, WriteTxn, forks_of, parent_block, parent_of, store_at,
+)
 from overlayckpt.tables import (
     BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DERIVED_KEYS, DIRENTS, GROUPFILES, JOURNAL, META, NAMES,
     NODES, PINNED, SEQ_KEY,
@@ -66,6 +70,10 @@ def fsck(store: Store) -> dict[str, Any]:
                 continue
             if blake3.blake3(data).digest() != digest:
                 problems.append(f"block {digest.hex()} does not match its digest")
+        problems.extend(record_problems(r, store.block_size))
+        if problems:  # a malformed record may not decode where the checks below read it
+            return {"blocks": nblocks, "referenced": 0, "checkpoints": r.count(CKPTS),
+                    "journal": r.count(JOURNAL)}
         refs = referenced_blocks(r, forks=False)  # (each fork's fsck checks its own)
         for digest in sorted(refs):
             if r.get(BLOCKS, digest) is None and parent_block(r, digest) is None:
@@ -95,6 +103,52 @@ def fsck(store: Store) -> dict[str, Any]:
                 "journal": r.count(JOURNAL)}
     result = store.read(fn)
     return {"clean": not problems, "problems": problems, **result}
+
+
+_MAX_PROBLEMS = 100  # of malformed records: enough to say what is wrong, not a flood
+
+
+def record_problems(r: ReadTxn, block_size: int) -> list[str]:
+    """Every entry that does not fit its table's schema (what import refuses in a bundle,
+    core/validate.py), and a fork chain that loops: a malformed node passes no check
+    below and then fails apply or a view."""
+    out: list[str] = []
+    if (why := block_size_problem(block_size)) is not None:
+        out.append(f"the store's {why}")
+        return out
+    for table in VALIDATED_TABLES:
+        if table == BLOCKS:
+            for key, _ in r.range_from(BLOCKS):  # (their content: decoded above)
+                if len(key) != 32:
+                    out.append(f"blocks entry {key[:40].hex()} has a digest that is not 32 bytes")
+            continue
+        for key, value in r.range_from(table):
+            why = record_problem(table, key, value, block_size)
+            if why is not None:
+                out.append(why)
+                if len(out) >= _MAX_PROBLEMS:
+                    return out + ["(further malformed entries are not listed)"]
+    if not out:
+        out += _fork_loop(r)
+    return out
+
+
+def _fork_loop(r: ReadTxn) -> list[str]:
+    """A parent chain that comes back to a store (a store its own parent, say)."""
+    seen = {os.path.realpath(r.store.path)}
+    parent = parent_of(r)
+    while parent is not None:
+        path = os.path.realpath(parent[0])
+        if path in seen:
+            return [f"the fork chain loops: {path} is its own ancestor"]
+        seen.add(path)
+        if len(seen) > 64 or not os.path.exists(os.path.join(path, "data.mdb")):
+            return []
+        try:
+            parent = store_at(path).read(parent_of)
+        except Exception:  # (a parent that cannot be read: the missing blocks say so)
+            return []
+    return []
 
 
 def _history_problems(r: ReadTxn) -> list[str]:

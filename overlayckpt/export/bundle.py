@@ -30,8 +30,14 @@ import msgpack
 import zstandard
 
 from overlayckpt.errors import UserError
-from overlayckpt.records import FORMAT_VERSION, iso_time
+from overlayckpt.records import (
+    CONTROL_INO_BASE, FIRST_UPPER_INO, FORMAT_VERSION, KEY_MAX, MAX_FILE_SIZE, PATH_MAX, ROOT_INO,
+    block_size_problem, iso_time,
+)
 from overlayckpt.core.maintenance import referenced_blocks
+from overlayckpt.core.validate import (
+    RECORD_MAX, finite_number, rel_path_problem, value_max,
+)
 from overlayckpt.store.lmdbstore import ReadTxn, Store, parent_block, parent_of
 from overlayckpt.tables import (
     BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY, FORMAT_KEY, META, PARENT_KEY, TABLES,
@@ -46,6 +52,8 @@ BUNDLE_VERSION = 1
 # the history index is derived from the journal: import rebuilds it instead
 BUNDLE_TABLES = tuple(t for t in TABLES if t not in DERIVED_TABLES)
 _FLUSH = 1 << 20
+HEADER_MAX = RECORD_MAX  # bytes of the header (lower_files grows with the files a session touched)
+_CHUNK = 1 << 16  # bytes inflated at a time
 
 def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -> dict[str, Any]:
     """Write every table of the store, as one consistent snapshot, into a bundle file."""
@@ -62,14 +70,25 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
                   "seen_files": seen_files(r, identity), **info}
         header["lower_links"] = lower_links(identity, header["lower_files"])
         packer = msgpack.Packer()
-        with open(tmp, "wb") as f:
+        buf = bytearray(packer.pack(header))
+        if len(buf) > HEADER_MAX:
+            raise UserError(f"the session refers to too many repo files for a bundle "
+                            f"({len(header['lower_files'])}): it cannot be exported")
+        # it holds every captured file: the owner's alone, whatever the umask
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
+            os.fchmod(fd, 0o600)
             with zstandard.ZstdCompressor(level=3).stream_writer(f, closefd=False) as z:
-                buf = bytearray(packer.pack(header))
                 for ti, table in enumerate(BUNDLE_TABLES):
                     n = 0
+                    limit = value_max(table, store.block_size)
                     for k, v in _entries(r, table):
                         if table == META and (k in DERIVED_KEYS or _family(k)):
                             continue
+                        if len(v) > limit:  # import would refuse it: say so now
+                            raise UserError(f"a {table.decode()} record of {len(v)} bytes is "
+                                            f"larger than a bundle holds ({limit}): the session "
+                                            "cannot be exported as a bundle")
                         buf += packer.pack([ti, k, v])
                         n += 1
                         if len(buf) >= _FLUSH:
@@ -120,7 +139,15 @@ def unlink_quietly(path: str) -> None:
 
 
 class BundleReader:
-    """Reading a bundle: the header, then records, then the trailer."""
+    """Reading an untrusted bundle: the header, then records, then the trailer, each checked
+    against the schema as it is read.
+
+    The zstd stream is inflated _CHUNK bytes at a time, and nothing is buffered beyond what
+    the piece being read may hold: the header (HEADER_MAX, parsed by a msgpack Unpacker with
+    small limits), then each record's envelope ([table, key, value], two bins) parsed here,
+    its key at most KEY_MAX and its value at most its table's value_max (a block: the block
+    size), both refused from their length prefix before a byte of them is read.
+    The records themselves are validated by the importer (core/validate.py)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -128,61 +155,183 @@ class BundleReader:
             self.f = open(path, "rb")
         except OSError as e:
             raise UserError(f"cannot read bundle {path}: {e.strerror}") from None
-        self.unpacker = msgpack.Unpacker(zstandard.ZstdDecompressor().stream_reader(self.f),
-                                         raw=False, strict_map_key=False,
-                                         max_buffer_size=1 << 31)
-        header = self._next()
-        if (not isinstance(header, dict) or header.get("bundle") != BUNDLE_MAGIC
-                or not isinstance(header.get("tables"), list)):
-            raise UserError(f"{path} is not an overlayckpt bundle: give a file made by "
-                            "'overlayckpt export bundle'")
-        if header.get("version") != BUNDLE_VERSION or int(header.get("format", 0)) > FORMAT_VERSION:
-            raise UserError(f"{path} is a bundle of a newer overlayckpt: upgrade overlayckpt to import it")
-        lower, pinned = header.get("lower", []), header.get("pinned", [])
-        if (not isinstance(header.get("block_size"), int) or not isinstance(lower, list)
-                or not isinstance(pinned, list) or not all(isinstance(t, str) for t in header["tables"])
-                or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int)
-                           and isinstance(e[1], bytes) for e in lower)
-                or not all(isinstance(p, bytes) for p in pinned)
-                or not _rows_ok(header.get("lower_files", []), 5, 1)
-                or not _rows_ok(header.get("seen_files", []), 3, 0)):
-            raise UserError(f"{path} is damaged (its header is malformed): export the bundle again")
-        self.header = header
-        self.tables = [t.encode() for t in header["tables"]]
-        if any(t not in BUNDLE_TABLES for t in self.tables):
-            raise UserError(f"{path} holds tables this overlayckpt does not know: upgrade overlayckpt")
-
-    def _next(self) -> Any:
         try:
-            return next(self.unpacker)
-        except StopIteration:
-            raise UserError(f"{self.path} is truncated or not an overlayckpt bundle") from None
-        except UserError:
+            self._z = zstandard.ZstdDecompressor().stream_reader(self.f, read_size=_CHUNK)
+            self._buf = b""
+            self._pos = 0
+            self.header = self._object(HEADER_MAX, "its header")
+            self._check_header(self.header)
+        except BaseException:
+            self.f.close()
             raise
-        except Exception as e:  # zstd or msgpack: the file is damaged or something else
-            raise UserError(f"{self.path} is not a valid overlayckpt bundle ({e})") from None
+        self.block_size: int = self.header["block_size"]
+        self.tables = [t.encode() for t in self.header["tables"]]
+
+    def _damaged(self, what: str) -> UserError:
+        return UserError(f"{self.path} is not a valid overlayckpt bundle ({what}): refused, nothing "
+                         "was imported; export the bundle again")
+
+    def _inflate(self) -> bytes:
+        try:
+            return self._z.read(_CHUNK)
+        except (zstandard.ZstdError, OSError):
+            raise self._damaged("its compressed stream is corrupt") from None
+
+    def _take(self, n: int) -> bytes:
+        """The next n bytes of the stream (n is bounded by the caller)."""
+        end = self._pos + n
+        if end <= len(self._buf):
+            self._pos = end
+            return self._buf[end - n:end]
+        out = bytearray(self._buf[self._pos:])
+        while len(out) < n:
+            chunk = self._inflate()
+            if not chunk:
+                raise UserError(f"{self.path} is truncated: refused, nothing was imported; "
+                                "export the bundle again")
+            out += chunk
+        self._buf, self._pos = bytes(out[n:]), 0
+        del out[n:]
+        return bytes(out)
+
+    def _object(self, limit: int, what: str) -> Any:
+        """One msgpack object of at most limit bytes (the header, the trailer)."""
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=limit,
+                                    max_bin_len=PATH_MAX, max_str_len=PATH_MAX,
+                                    max_array_len=1 << 20, max_map_len=1 << 10, max_ext_len=0)
+        fed = 0
+        data = self._buf[self._pos:]
+        self._buf, self._pos = b"", 0
+        while True:
+            if data:
+                try:
+                    unpacker.feed(data)
+                except msgpack.BufferFull:
+                    raise self._damaged(f"{what} is larger than {limit} bytes") from None
+                fed += len(data)
+                try:
+                    obj = unpacker.unpack()
+                except msgpack.OutOfData:
+                    pass
+                except Exception:  # (msgpack's: malformed, or beyond a limit)
+                    raise self._damaged(f"{what} is malformed") from None
+                else:
+                    # the rest of what was fed belongs to what follows (it ends in data)
+                    self._buf = data[len(data) - (fed - unpacker.tell()):]
+                    return obj
+            data = self._inflate()
+            if not data:
+                raise UserError(f"{self.path} is truncated or not an overlayckpt bundle: refused, "
+                                "nothing was imported")
+
+    def _check_header(self, h: Any) -> None:
+        if not isinstance(h, dict) or h.get("bundle") != BUNDLE_MAGIC:
+            raise UserError(f"{self.path} is not an overlayckpt bundle: give a file made by "
+                            "'overlayckpt export bundle'")
+        fmt = h.get("format")
+        if h.get("version") != BUNDLE_VERSION or isinstance(fmt, int) and fmt > FORMAT_VERSION:
+            raise UserError(f"{self.path} is a bundle of a newer overlayckpt: upgrade overlayckpt "
+                            "to import it")
+        why = header_problem(h)
+        if why is not None:
+            raise self._damaged(f"its header {why}")
 
     def records(self) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """(table, key, value) of every record, each of bounded length; then the trailer
+        (self.trailer), after which the stream must end."""
         while True:
-            rec = self._next()
-            if isinstance(rec, dict):
-                if not rec.get("end"):
-                    break
-                self.trailer = rec
+            lead = self._take(1)[0]
+            if lead != 0x93:  # not a record ([table, key, value]): the trailer, a map
+                if not (0x80 <= lead <= 0x8F or lead in (0xDE, 0xDF)):
+                    raise self._damaged("a record is malformed")
+                self._pos -= 1
+                trailer = self._object(1 << 16, "its trailer")
+                if not _trailer_ok(trailer, self.tables) or self._buf or self._inflate():
+                    raise self._damaged("its trailer is malformed")
+                self.trailer = trailer
                 return
-            if (not isinstance(rec, list) or len(rec) != 3 or not isinstance(rec[0], int)
-                    or not 0 <= rec[0] < len(self.tables) or not isinstance(rec[1], bytes)
-                    or not rec[1] or not isinstance(rec[2], bytes)):
-                break
-            yield self.tables[rec[0]], rec[1], rec[2]
-        raise UserError(f"{self.path} is damaged (a record is malformed): export the bundle again")
+            ti = self._take(1)[0]
+            if ti >= len(self.tables):
+                raise self._damaged("a record names no table of its header")
+            table = self.tables[ti]
+            key = self._take(self._bin_len(KEY_MAX, "a key"))
+            value = self._take(self._bin_len(value_max(table, self.block_size),
+                                             f"a {table.decode()} record"))
+            yield table, key, value
+
+    def _bin_len(self, limit: int, what: str) -> int:
+        """The length of the bin that follows, refused above limit before it is read."""
+        lead = self._take(1)[0]
+        width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(lead)
+        if width is None:
+            raise self._damaged(f"{what} is not a byte string")
+        n = int.from_bytes(self._take(width), "big")
+        if n > limit:
+            raise self._damaged(f"{what} claims {n} bytes, more than {limit}")
+        return n
 
     def close(self) -> None:
         self.f.close()
 
 
-def _rows_ok(rows: Any, n: int, path_at: int) -> bool:
-    """Header rows (lower_files, seen_files) of n ints, bytes or nils, with a path at path_at."""
-    return isinstance(rows, list) and all(
-        isinstance(e, list) and len(e) == n and isinstance(e[path_at], bytes)
-        and all(isinstance(x, (int, bytes, type(None))) for x in e) for e in rows)
+def header_problem(h: dict[str, Any]) -> str | None:
+    """What is wrong with a bundle's header (already known to be one, of this version), or
+    None: every field against the schema, every path of single components."""
+    why = block_size_problem(h.get("block_size"))
+    if why is not None:
+        return f"says {why}"
+    fmt = h.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        return "has no format"
+    tables = h.get("tables")
+    if (not isinstance(tables, list) or len(set(map(str, tables))) != len(tables)
+            or not all(isinstance(t, str) and t.encode() in BUNDLE_TABLES for t in tables)):
+        return "names tables this overlayckpt does not know"
+    for key in ("repo", "created", "session"):
+        if key in h and not (isinstance(h[key], str) and len(h[key]) <= PATH_MAX):
+            return f"has a malformed {key}"
+    if "window" in h and not finite_number(h["window"], 0, 1e12):  # (seconds; 1e9: for good)
+        return "has a malformed window"
+    lower, pinned = h.get("lower", []), h.get("pinned", [])
+    if not isinstance(lower, list) or not all(
+            isinstance(e, list) and len(e) == 2 and _int_in(e[0], ROOT_INO + 1, FIRST_UPPER_INO - 1)
+            and rel_path_problem(e[1]) is None for e in lower):
+        return "has a malformed lower entry"
+    if not isinstance(pinned, list) or not all(rel_path_problem(p) is None for p in pinned):
+        return "has a malformed pinned path"
+    files = h.get("lower_files")
+    if files is not None:
+        if not isinstance(files, list) or not all(
+                isinstance(e, list) and len(e) == 5 and _int_in(e[0], ROOT_INO + 1, CONTROL_INO_BASE - 1)
+                and rel_path_problem(e[1]) is None
+                and (e[2] is None or _int_in(e[2], 0, 0o170000))
+                and (e[3] is None or _int_in(e[3], 0, MAX_FILE_SIZE))
+                and (e[4] is None or isinstance(e[4], bytes) and len(e[4]) == 32) for e in files):
+            return "has a malformed lower_files entry"
+        # every repo inode the session refers to is named, with its path: import checks each
+        named = {e[0] for e in files}
+        if any(e[0] not in named for e in lower):
+            return "refers to repo files that lower_files does not name"
+    seen = h.get("seen_files", [])
+    if not isinstance(seen, list) or not all(
+            isinstance(e, list) and len(e) == 3 and rel_path_problem(e[0]) is None
+            and _int_in(e[1], 0, MAX_FILE_SIZE) and isinstance(e[2], bytes) and len(e[2]) == 32
+            for e in seen):
+        return "has a malformed seen_files entry"
+    links = h.get("lower_links", [])
+    if not isinstance(links, list) or not all(
+            isinstance(e, list) and len(e) == 2 and _int_in(e[0], 0, CONTROL_INO_BASE - 1)
+            and _int_in(e[1], 2, 1 << 32) for e in links):
+        return "has a malformed lower_links entry"
+    return None
+
+
+def _int_in(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _trailer_ok(trailer: Any, tables: list[bytes]) -> bool:
+    counts = trailer.get("counts") if isinstance(trailer, dict) else None
+    return (trailer.get("end") is True and isinstance(counts, dict)  # type: ignore[union-attr]
+            and all(isinstance(k, str) and k.encode() in tables and _int_in(v, 0, 1 << 62)
+                    for k, v in counts.items()))

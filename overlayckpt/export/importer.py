@@ -9,6 +9,7 @@ from typing import Any
 
 import blake3
 
+from overlayckpt.core.validate import lower_inos, record_problem
 from overlayckpt.errors import UserError
 from overlayckpt.store.info import default_store_dir, read_info, write_info
 from overlayckpt.store.lmdbstore import ReadTxn, Store
@@ -29,6 +30,10 @@ def _store_is_empty(store: Store) -> bool:
 
 
 def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[str, Any]:
+    """Load a bundle into a new, empty store. The bundle is untrusted: its header was checked
+    as it was read (BundleReader), every record is checked here against the tables' schema
+    (core/validate.py) before it is stored, and a refused bundle leaves nothing behind (no
+    store directory made for it, no file in a directory that was empty)."""
     bundle = BundleReader(path)
     try:
         header = bundle.header
@@ -41,38 +46,60 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
         store_dir = os.path.abspath(store_dir or default_store_dir(repo))
         if os.path.exists(store_dir) and not os.path.isdir(store_dir):
             raise UserError(f"{store_dir} exists and is not a directory: pick another --store")
-        before = set(os.listdir(store_dir)) if os.path.isdir(store_dir) else None
-        store = Store.open(store_dir, create=True, block_size=int(header["block_size"]))
+        made = _first_missing(store_dir)
+        before = set(os.listdir(store_dir)) if made is None else None
+        store: Store | None = None
         failed = True
         try:
+            store = Store.open(store_dir, create=True, block_size=bundle.block_size)
             if not _store_is_empty(store):
                 failed = False  # not ours to clean
                 raise UserError(f"store {store_dir} already holds a session: import into a new "
                                 "--store (import never merges sessions)")
             counts = _load(store, bundle, remap)
             failed = False
+        except (UserError, KeyboardInterrupt):
+            raise
+        except OSError as e:
+            raise UserError(f"cannot import into {store_dir}: {e.strerror or e}: nothing was "
+                            "imported") from None
+        except Exception:  # a record the checks let through and the store would not take
+            raise bundle._damaged("a record cannot be loaded") from None
         finally:
-            if failed and before is not None and "data.mdb" in before:
+            if failed and store is not None and before is not None and "data.mdb" in before:
                 _clear(store)
-            store.close()
+            if store is not None:
+                store.close()
             if failed and (before is None or "data.mdb" not in before):
-                _remove_new(store_dir, before)
+                _remove_new(store_dir, made, before)
     finally:
         bundle.close()
     info = read_info(store_dir)
-    info.update(repo=repo, window=header.get("window", 1.0), block_size=int(header["block_size"]),
+    info.update(repo=repo, window=header.get("window", 1.0), block_size=bundle.block_size,
                 imported_from=os.path.abspath(path))
     write_info(store_dir, info)
     return {"store": store_dir, "repo": repo, "checkpoints": counts.get("ckpts", 0),
             "blocks": counts.get("blocks", 0), "records": counts}
 
 
-def _remove_new(store_dir: str, before: set[str] | None) -> None:
+def _first_missing(path: str) -> str | None:
+    """The outermost directory of path that does not exist yet (None: path exists): what
+    Store.open creates, and a failed import removes."""
+    missing = None
+    while not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _remove_new(store_dir: str, made: str | None, before: set[str] | None) -> None:
     """Undo a failed import into a directory it created or found empty."""
-    if before is None:
-        shutil.rmtree(store_dir, ignore_errors=True)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
         return
-    for name in set(os.listdir(store_dir)) - before:
+    for name in set(os.listdir(store_dir)) - (before or set()):
         unlink_quietly(os.path.join(store_dir, name))
 
 
@@ -80,6 +107,9 @@ def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dic
     counts = {t.decode(): 0 for t in bundle.tables}
     batch: list[tuple[bytes, bytes, bytes]] = []
     size = 0
+    bs = bundle.block_size
+    files = bundle.header.get("lower_files")
+    named = None if files is None else {e[0] for e in files}
 
     def flush() -> None:
         def fn(w: Any) -> None:
@@ -91,14 +121,23 @@ def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dic
         batch.clear()
 
     for table, key, value in bundle.records():
+        why = record_problem(table, key, value, bs, bundle=True)
+        if why is not None:
+            raise UserError(f"{bundle.path} is refused: its {why}; nothing was imported")
         if table == BLOCKS:
             try:
-                ok = blake3.blake3(store.decode_block(value)).digest() == key
+                data = store.decode_block(value)  # (bounded by the block size)
+                ok = len(data) == bs and blake3.blake3(data).digest() == key
             except Exception:
                 ok = False
             if not ok:
                 raise UserError(f"{bundle.path} is damaged (block {key.hex()[:16]} does not match its "
                                 "digest): export the bundle again")
+        elif named is not None:
+            for ino in lower_inos(table, key, value):
+                if ino not in named:
+                    raise UserError(f"{bundle.path} is refused: it refers to repo inode {ino} "
+                                    "without naming its path; nothing was imported")
         counts[table.decode()] += 1
         if remap is not None:
             key, value = remap.row(table, key, value)

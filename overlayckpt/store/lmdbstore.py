@@ -38,7 +38,7 @@ from overlayckpt.store import synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import (
     DEFAULT_BLOCK_SIZE, FIRST_UPPER_INO, FORMAT_VERSION, ZERO_BLOCK, Checkpoint, from_u64, u64,
-    unpack_obj,
+    block_size_problem, unpack_obj,
 )
 from overlayckpt.tables import (
     BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
@@ -361,6 +361,8 @@ class Store:
     @classmethod
     def open(cls, path: str, *, create: bool = True, block_size: int | None = None,
              lock: bool = True) -> "Store":
+        if block_size is not None and (why := block_size_problem(block_size)) is not None:
+            raise UserError(f"{why}: pick one such as {DEFAULT_BLOCK_SIZE} (--block-size)")
         if not os.path.isdir(path):
             if not create:
                 raise UserError(f"no session store at {path}: mount the repo first or check --store")
@@ -405,6 +407,9 @@ class Store:
             store.write(init_bs)
             store.block_size = store.read(lambda r: r.meta_int(BLOCK_SIZE_KEY))
             store.sync()
+        if (why := block_size_problem(store.block_size)) is not None:
+            store.close()  # (every block offset would divide by it or overflow)
+            raise StoreDamaged(f"store {path} is damaged (its {why}): nothing was served")
         _opened(store)
         return store
 
@@ -653,11 +658,19 @@ class Store:
         return _RAW + data
 
     def decode_block(self, raw: bytes) -> bytes:
+        """A block's content, never more than block_size bytes: a frame claiming more (a
+        crafted bundle's 1 KB frame that says 1 GiB) is damage, refused before inflating."""
         if raw[:1] == _ZSTD:
             zd = getattr(self._local, "zd", None)
             if zd is None:
                 zd = self._local.zd = zstandard.ZstdDecompressor()
-            return zd.decompress(raw[1:])
+            frame = raw[1:]
+            # one-shot decompress ignores max_output_size when the frame states its size
+            if zstandard.frame_content_size(frame) > self.block_size:
+                raise FsError(errno.EIO, "a stored block inflates beyond the block size")
+            return zd.decompress(frame, max_output_size=self.block_size)
+        if len(raw) > self.block_size + 1:
+            raise FsError(errno.EIO, "a stored block is longer than the block size")
         return raw[1:]
 
     def disk_bytes(self) -> int:
@@ -751,8 +764,14 @@ def parent_of(r: ReadTxn) -> tuple[str, int] | None:
 _PARENT_PATHS: dict[str, str] = {}
 
 
-def parent_block(r: ReadTxn, digest: bytes) -> bytes | None:
+_MAX_FORK_DEPTH = 64  # parents up a fork chain: more is a loop (a store its own parent)
+
+
+def parent_block(r: ReadTxn, digest: bytes, depth: int = 0) -> bytes | None:
     """The raw block from the parent chain of r's store (None: nowhere)."""
+    if depth >= _MAX_FORK_DEPTH:
+        log.warning("the fork chain of %s loops or is too deep: a block is not read", r.store.path)
+        return None
     path = _PARENT_PATHS.get(r.store.path)
     if path is None:
         parent = parent_of(r)
@@ -764,7 +783,7 @@ def parent_block(r: ReadTxn, digest: bytes) -> bytes | None:
     except UserError:
         log.warning("the parent store %s of %s cannot be read", path, r.store.path)
         return None
-    return store.read(lambda p: p.get(BLOCKS, digest) or parent_block(p, digest))
+    return store.read(lambda p: p.get(BLOCKS, digest) or parent_block(p, digest, depth + 1))
 
 
 def forks_of(r: ReadTxn) -> dict[str, int]:
