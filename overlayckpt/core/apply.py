@@ -210,10 +210,28 @@ class Applier:
         out: set[int] = {ROOT_INO}
         for ino in set(nodes) | set(extra_nodes):
             out |= self.ov.ancestors(state, ino)
+            out |= self._origin_dirs(state, ino)
         for ino in set(dirs) | set(extra_dirs):
             out.add(ino)
             out |= self.ov.ancestors(state, ino)
         return out
+
+    def _origin_dirs(self, state: Any, ino: int) -> set[int]:
+        """The lower directory a repo file came from, and its ancestors: a record's parent
+        hint names one directory that holds it, and after a link elsewhere that is not the
+        one where the repo still has its original name."""
+        try:
+            origin = self.ov.node(state, ino).origin
+        except FsError:
+            return set()
+        if not origin or b"/" not in origin:
+            return set()  # at the root, which is always visited
+        parent_path = origin.rpartition(b"/")[0]
+        try:
+            parent = self.ov.ino_of_lower(self.lower.stat(parent_path, False), parent_path)
+        except FsError:
+            return set()
+        return {parent} | self.ov.ancestors(state, parent)
 
     def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int],
               force: bool = False) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Diff, git-format patches (checked with a real `git apply`), apply to the repo, thin and gc."""
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -249,3 +250,21 @@ def test_fsck_finds_a_corrupt_and_a_missing_block(session: Session) -> None:
     assert "referenced but missing" in fsck(store)["problems"][0]
     store.write(lambda w: w.put(b"blocks", digest, raw))  # put right: the teardown fsck passes
     assert fsck(store)["clean"]
+
+
+@pytest.mark.parametrize("edit_first", [True, False])
+def test_apply_rewrites_a_repo_file_that_got_a_second_name_elsewhere(
+        session: Session, repo: Path, edit_first: bool) -> None:
+    """A lower file linked into another directory and changed: its record's parent hint is
+    the new name's directory, yet its own directory must be visited too."""
+    ov = session.overlay
+    util = ino(ov, "src/pkg/util.py")
+    if edit_first:
+        ov.write(ME, util, 0, b"changed")
+    ov.link(ME, util, ino(ov, "docs"), b"util-link.py")
+    if not edit_first:
+        ov.write(ME, util, 0, b"changed")
+    apply_live(session)
+    assert native_tree(repo) == tree_of(ov)
+    assert (repo / "src/pkg/util.py").read_bytes().startswith(b"changed")
+    assert os.path.samefile(repo / "src/pkg/util.py", repo / "docs/util-link.py")
