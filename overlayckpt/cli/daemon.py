@@ -116,10 +116,14 @@ def resumed_session(repo: str, mountpoint: str, store: str) -> dict[str, Any] | 
 
 
 def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
-    from overlayckpt.store.places import check_store_dir, open_private, remove_store, secure
+    from overlayckpt.store.places import (check_store_dir, make_dirs, open_private, remove_store,
+                                          secure)
     check_store_dir(store)
     created = not os.path.exists(store)
-    os.makedirs(store, mode=0o700, exist_ok=True)
+    try:
+        make_dirs(store)
+    except OSError as e:
+        raise UserError(f"cannot create store {store}: {e.strerror}") from None
     secure(store)  # before its log is written (a directory made with mkdir is 0755)
     logpath = os.path.join(store, "daemon.log")
     argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,

@@ -75,6 +75,20 @@ def secure(path: str) -> None:
             pass
 
 
+def make_dirs(path: str) -> None:
+    """makedirs with every directory it creates 0700 whatever the umask (os.makedirs
+    makes the missing parents 0777 & ~umask: 0777 under umask 000, where anyone could
+    rename the store away)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        make_dirs(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(path, DIR_MODE)  # (mkdir's mode is masked by the umask)
+
+
 def open_private(path: str, flags: int) -> int:
     """os.open of a store file: 0600 whatever the umask, also if it was there before."""
     fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)

@@ -274,7 +274,7 @@ def _modes(store: Path) -> dict[str, str]:
 
 
 def test_store_files_are_private_whatever_the_umask(repo: Path, tmp_path: Path, torn_down) -> None:
-    store, fork_store, mnt, fmnt = (tmp_path / n for n in ("store", "fork-store", "mnt", "fmnt"))
+    store, fork_store, mnt, fmnt = (tmp_path / n for n in ("store", "forks/f1", "mnt", "fmnt"))
     store.mkdir(mode=0o755)  # made beforehand, as the README's CI example does
     os.chmod(store, 0o755)
     mnt.mkdir()
@@ -296,10 +296,27 @@ def test_store_files_are_private_whatever_the_umask(repo: Path, tmp_path: Path, 
     assert stop_daemon(store) is None and stop_daemon(fork_store) is None
     assert {"data.mdb", "lock.mdb", "session.json", "daemon.log"} <= set(os.listdir(store))
     assert _modes(store) == {} and _modes(fork_store) == {}
+    assert stat.S_IMODE(os.stat(fork_store.parent).st_mode) == 0o700  # (made for it)
     # recover's new store and the damaged copy it keeps
     _umask0("--store", str(store), "recover")
     (kept,) = tmp_path.glob("store.damaged-*")
     assert _modes(store) == {} and _modes(kept) == {}
+
+
+def test_the_default_store_and_its_parents_are_private(repo: Path, tmp_path: Path,
+                                                      torn_down) -> None:
+    data = tmp_path / "data"  # XDG_DATA_HOME, missing: the run makes it
+    env = dict(os.environ, XDG_DATA_HOME=str(data))
+    torn_down(repo, data)
+    proc = subprocess.run(["sh", "-c", 'umask 000 && exec "$@"', "-", *CLI, "run", "--no-apply",
+                           "--repo", str(repo), "--", "sh", "-c", "echo x > new.txt"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (store,) = (data / "overlayckpt").iterdir()
+    assert stop_daemon(store) is None
+    for d in (data, data / "overlayckpt"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    assert _modes(store) == {}
 
 
 def test_other_users_cannot_read_the_control_files(user: User, tmp_path: Path) -> None:
