@@ -142,7 +142,8 @@ class Daemon:
 
 
 def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | None,
-               window: float | None, apply_on_exit: bool, allow_other: bool) -> int:
+               window: float | None, apply_on_exit: bool, allow_other: bool,
+               sandboxed: bool = False) -> int:
     # A command's worker thread (log, diff, a restore's preparation) holds the GIL until
     # the interpreter's switch interval (5 ms) makes it let go: each request the loop's
     # thread answers meanwhile would wait that long. 0.5 ms bounds the wait to a tenth.
@@ -151,7 +152,8 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
-                           warm=kcache.warm_tree, kernel_status=kernel_status)
+                           warm=kcache.warm_tree, kernel_status=kernel_status,
+                           sandboxed=sandboxed)
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)

@@ -189,9 +189,13 @@ def test_bad_fork_input_gets_one_line_and_changes_nothing(tmp_path: Path, repo: 
     (parent.mnt / "x.txt").write_text("x\n")
     before = parent.cli("--json", "log", "--all").stdout
     store = tmp_path / "store-bad"
+    (tmp_path / "fmnt").mkdir()
     for args, says in (
             (["fork", str(tmp_path / "nowhere"), "--fork-store", str(store)], "not a directory"),
-            (["fork", "999", str(tmp_path), "--fork-store", str(store)], "unknown checkpoint"),
+            (["fork", "999", str(tmp_path / "fmnt"), "--fork-store", str(store)], "unknown checkpoint"),
+            # a mountpoint above the repo and the stores: the fork's daemon would read
+            # them through its own mount
+            (["fork", str(tmp_path), "--fork-store", str(store)], "inside the mountpoint"),
             (["fork", str(repo), "--fork-store", str(store)], "beside the repo")):
         proc = parent.cli(*args, check=False)
         assert proc.returncode == 1 and says in proc.stderr, (args, proc.stderr)

@@ -75,6 +75,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     m.add_argument("--apply", dest="apply", action="store_true", default=None,
                    help="write the live state into the repo at unmount")
     m.add_argument("--no-apply", dest="apply", action="store_false")
+    # (run --private's daemon: refuses its agent what reaches outside the sandbox)
+    m.add_argument("--sandboxed", action="store_true", help=argparse.SUPPRESS)
     _mount_args(m)
 
     u = sub.add_parser("unmount", help="unmount (in place: applies to the repo unless --no-apply)")

@@ -49,12 +49,39 @@ def prepare_mountpoint(mountpoint: str) -> None:
         raise UserError(f"{mountpoint} is already an overlayckpt mount: unmount it first")
 
 
+def check_places(repo: str, mountpoint: str, stores: list[str],
+                 more: tuple[tuple[str, str], ...] = ()) -> None:
+    """Refuse, before anything starts, a layout where the daemon would reach its own
+    files through its own mount (it would wait on itself, and every process using the
+    mount with it): a mountpoint inside the repo or holding it, a store inside the repo or
+    the mountpoint; more: other (label, directory) a store and the mountpoint stay out of.
+    Compared by name, resolved, and by the identity of ancestors (places.inside)."""
+    from overlayckpt.store.places import inside, place_of
+    the_repo, the_mount = place_of("the repo", repo), place_of("the mountpoint", mountpoint)
+    others = [place_of(label, path) for label, path in more]
+    if os.path.realpath(mountpoint) != os.path.realpath(repo):
+        found = inside(mountpoint, [the_repo, *others])
+        if found:
+            raise UserError(f"mountpoint {mountpoint} is inside {found.label} {found.path}: the "
+                            "mount would serve itself; pick a mountpoint outside it")
+        if inside(repo, [the_mount]):
+            raise UserError(f"the repo {repo} is inside the mountpoint {mountpoint}: the mount "
+                            "would hide it; pick a mountpoint outside the repo's path")
+    for store in stores:
+        found = inside(store, [the_repo, the_mount, *others])
+        if found:
+            raise UserError(f"store {store} is inside {found.label} {found.path}: the daemon would "
+                            "write it into what it serves; keep the store outside the repo and the "
+                            "mountpoint (the default is under ~/.local/share/overlayckpt)")
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from overlayckpt.cli.sessions import store_for
     from overlayckpt.store.info import read_info
     repo = resolve_repo(args.repo)
     mountpoint = os.path.realpath(args.mountpoint) if args.mountpoint else repo
     store = store_for(repo, args.store, getattr(args, "new", False))
+    check_places(repo, mountpoint, [store])
     prepare_mountpoint(mountpoint)
     info = read_info(store)
     if info.get("repo") and info["repo"] != repo:
@@ -66,7 +93,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         from overlayckpt.mount import run_daemon
         return run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
-                          apply_on_exit=apply, allow_other=args.allow_other)
+                          apply_on_exit=apply, allow_other=args.allow_other,
+                          sandboxed=getattr(args, "sandboxed", False))
     resumed = os.path.exists(os.path.join(store, "data.mdb"))
     spawn_daemon(repo, mountpoint, store, args, apply)
     result: dict[str, Any] = {"repo": repo, "mountpoint": mountpoint, "store": store}
@@ -88,8 +116,15 @@ def resumed_session(repo: str, mountpoint: str, store: str) -> dict[str, Any] | 
 
 
 def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
+    from overlayckpt.store.places import (check_store_dir, make_dirs, open_private, remove_store,
+                                          secure)
+    check_store_dir(store)
     created = not os.path.exists(store)
-    os.makedirs(store, mode=0o700, exist_ok=True)
+    try:
+        make_dirs(store)
+    except OSError as e:
+        raise UserError(f"cannot create store {store}: {e.strerror}") from None
+    secure(store)  # before its log is written (a directory made with mkdir is 0755)
     logpath = os.path.join(store, "daemon.log")
     argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
             "--foreground", "--apply" if apply else "--no-apply"]
@@ -99,9 +134,11 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
         argv += ["--window", str(args.window)]
     if args.allow_other:
         argv.append("--allow-other")
+    if getattr(args, "sandboxed", False):
+        argv.append("--sandboxed")
     if args.verbose:
         argv.insert(3, "--verbose")
-    with open(logpath, "ab") as logf:
+    with os.fdopen(open_private(logpath, os.O_WRONLY | os.O_APPEND), "ab") as logf:
         start = logf.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 start_new_session=True, cwd="/")
@@ -111,7 +148,7 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
         if proc.poll() is not None:
             why = _last_error(logpath, start) or f"daemon exited with status {proc.returncode}"
             if created:  # a failed first mount leaves no session behind for the next to resume
-                shutil.rmtree(store, ignore_errors=True)
+                remove_store(store)
             raise UserError(why)
         if os.path.exists(ctl):
             return
@@ -198,8 +235,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         cmd = ["unshare", "--user", "--map-current-user", "--"] + cmd
     from overlayckpt.cli.sessions import store_for
     store = store_for(repo, args.store, getattr(args, "new", False))
+    check_places(repo, repo, [store])
     prepare_mountpoint(repo)
     apply = args.apply if args.apply is not None else not args.private
+    # a private run's daemon refuses its agent what reaches outside the sandbox (apply,
+    # set_apply, fork, export, gc): told by its command line, which the agent cannot touch
+    args.sandboxed = bool(private)
     spawn_daemon(repo, repo, store, args, apply)
     try:
         env = dict(os.environ, OVERLAYCKPT_MOUNT=repo)
@@ -208,7 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UserError(f"cannot run {cmd[0]}: {e.strerror}") from None
     finally:
-        unmount(repo, apply)
+        # (sandboxed: the daemon applies, or not, as it was started; it refuses set_apply)
+        unmount(repo, None if private else apply)
     return status
 
 
@@ -272,6 +314,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     import fcntl
     from overlayckpt.core.maintenance import fsck
     from overlayckpt.store.lmdbstore import Store
+    from overlayckpt.store.places import secure
     from overlayckpt.store.synced import fsync_dir
     if not args.store:
         raise UserError("recover needs --store DIR: the store of the damaged session")
@@ -296,6 +339,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         for name in ("session.json",):
             if os.path.exists(os.path.join(store, name)):
                 shutil.copy2(os.path.join(store, name), os.path.join(work, name))
+        secure(work)  # (copy2 copied the old file's mode)
         recovered = Store.open(work, create=False, lock=False)
         try:
             check = fsck(recovered)
@@ -303,6 +347,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
             recovered.close()
         kept = f"{store}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
         os.rename(store, kept)
+        secure(kept)  # the damaged copy holds the same captured content
         os.rename(work, store)
         fsync_dir(os.path.dirname(store))
     finally:

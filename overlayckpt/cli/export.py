@@ -157,6 +157,9 @@ def _bundle_path(file: str) -> str:
 def cmd_import(args: argparse.Namespace) -> int:
     from overlayckpt.cli.target import emit
     from overlayckpt.export.importer import import_bundle  # (lmdb, zstd: only when used)
+    from overlayckpt.store.places import check_store_dir
+    if getattr(args, "store", None):  # (drop deletes a store's files: a directory of yours is refused)
+        check_store_dir(os.path.abspath(args.store))
     result = import_bundle(args.file, args.store, args.repo)
     emit(args, result, lambda r: f"imported {r['checkpoints']} checkpoints into {r['store']} "
                                  f"(repo {r['repo']}); 'overlayckpt --store {r['store']} log' lists them")

@@ -49,12 +49,20 @@ def make_fork(target: Target, repo: str, ref: Any, mountpoint: str, store: str |
               window: float | None = None) -> dict[str, Any]:
     """Fork target's session at ref (None: live) into store (None: the repo's next
     numbered session) and mount it at mountpoint; a fork that fails to mount is undone."""
-    from overlayckpt.cli.daemon import prepare_mountpoint, spawn_daemon
+    from overlayckpt.cli.daemon import check_places, prepare_mountpoint, spawn_daemon
+    from overlayckpt.store.places import check_store_dir
     mountpoint = os.path.realpath(mountpoint)
-    prepare_mountpoint(mountpoint)
     if mountpoint == repo:
         raise UserError("a fork is mounted beside the repo, not over it: give another MOUNTPOINT")
     new = os.path.realpath(store) if store else store_for(repo, None, True)
+    # the fork's daemon reads the parent's store too; neither may be reached through
+    # the new mount, nor the new store through the parent's (its daemon writes it)
+    parent_store = target.store or client.status(target.mount or "")["store"]
+    parent_mount = target.mount or client.served_at(parent_store)
+    check_places(repo, mountpoint, [new, parent_store],
+                 (("the parent's mount", parent_mount),) if parent_mount else ())
+    check_store_dir(new)
+    prepare_mountpoint(mountpoint)
     cmd: dict[str, Any] = {"cmd": "fork", "store": new}
     if ref is not None:
         cmd["id"] = ref

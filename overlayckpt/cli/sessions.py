@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import shutil
 import time
 from typing import Any
 
@@ -20,10 +19,9 @@ from overlayckpt.cli import client
 from overlayckpt.cli.target import emit, find_mount
 from overlayckpt.errors import UserError
 from overlayckpt.store.info import default_store_dir, read_info
+from overlayckpt.store.places import STORE_FILES, check_store_dir, is_store, remove_store
 
 
-def is_store(path: str) -> bool:
-    return all(os.path.isfile(os.path.join(path, f)) for f in ("data.mdb", "lock.mdb"))
 
 
 def numbered(repo: str) -> list[tuple[int, str]]:
@@ -49,6 +47,7 @@ def store_for(repo: str, store: str | None, new: bool) -> str:
     if store:
         if new:
             raise UserError("--new picks a new store itself: give --new or --store, not both")
+        check_store_dir(os.path.abspath(store))  # (drop deletes a store's files: none of yours)
         return os.path.abspath(store)
     found = numbered(repo)
     if not found:
@@ -143,6 +142,17 @@ def _disk_bytes(path: str) -> int:
                 total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
             except OSError:
                 pass
+    return total
+
+
+def _store_bytes(path: str) -> int:
+    """What a store's own files take on disk."""
+    total = 0
+    for name in STORE_FILES:
+        try:
+            total += os.lstat(os.path.join(path, name)).st_blocks * 512
+        except OSError:
+            pass
     return total
 
 
@@ -256,8 +266,8 @@ def cmd_drop(args: argparse.Namespace) -> int:
         except BlockingIOError:
             raise UserError(f"session {given} is in use by an overlayckpt daemon: unmount it "
                             "first") from None
-        freed = _disk_bytes(store)
-        shutil.rmtree(store)
+        freed = _store_bytes(store)
+        kept = remove_store(store)  # its own files only: never what else the directory holds
     finally:
         os.close(lock_fd)
     parent = family["parent"]
@@ -266,6 +276,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
             client.call_store(parent["store"], {"cmd": "unfork", "store": store})
         except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
             pass
-    emit(args, {"dropped": store, "freed_bytes": freed},
-         lambda r: f"dropped session {given} (store {store}, {_size(freed)} freed)")
+    emit(args, {"dropped": store, "freed_bytes": freed, "kept": kept},
+         lambda r: f"dropped session {given} (store {store}, {_size(freed)} freed)"
+         + (f"; kept the directory, which holds other files ({', '.join(kept[:3])})" if kept else ""))
     return 0

@@ -144,10 +144,13 @@ class ControlFs:
         if ino == CTL_INO:
             return VirtualAttr(ino, stat.S_IFREG | 0o600, CTL_SIZE, entry_timeout=KEPT,
                                attr_timeout=KEPT)
+        # the mounting user's only (attrs.py: owned by the daemon's uid; the mount has
+        # default_permissions, so the kernel checks these modes for every user, also
+        # under allow_other): the conversation holds what was typed to the agent
         if ino == STATUS_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o444, entry_timeout=KEPT)
+            return VirtualAttr(ino, stat.S_IFREG | 0o400, entry_timeout=KEPT)
         if ino == CONV_INO:
-            return VirtualAttr(ino, stat.S_IFREG | 0o644, len(self.session.conversation_text()),
+            return VirtualAttr(ino, stat.S_IFREG | 0o600, len(self.session.conversation_text()),
                                entry_timeout=KEPT)
         raise FsError(errno.ENOENT)
 

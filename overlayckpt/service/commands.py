@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any
 
+import trio
 
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
@@ -146,7 +147,7 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         what = "code"
     result = await Timeline(s.ctx).restore(cmd["id"], _caller(), paths, what)
     if what in ("conversation", "both"):
-        resume = _claude_resume(s, result["restored"])
+        resume = await _claude_resume(s, result["restored"])
         result["warnings"] = result.get("warnings", []) + resume.pop("warnings", [])
         result.update(resume)
     return result
@@ -160,7 +161,7 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return await backout(s.ctx, cmd["id"], _caller(), _paths(cmd), bool(cmd.get("all")))
 
 
-def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
+async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
     from overlayckpt.core.transcripts import resume_command
@@ -168,7 +169,9 @@ def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:
-        found = resume_command(lines)
+        # on a worker thread: the transcript path comes from the conversation, which the
+        # agent writes, and may lead into the mount (the loop would wait on itself)
+        found = await trio.to_thread.run_sync(resume_command, lines, abandon_on_cancel=True)
     except (OSError, ValueError) as e:  # the restore stands; the user learns why in one line
         from overlayckpt.names import quote_path
         why = f"{e.strerror}: {quote_path(e.filename or '')}" if isinstance(e, OSError) else str(e)
@@ -264,7 +267,7 @@ def _show_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     return store.read(fn)
 
 
-@command("apply", durable=True)
+@command("apply", durable=True, reaches_out=True)
 async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.apply import apply_checkpoint, apply_live
     force = bool(cmd.get("force"))
@@ -297,7 +300,7 @@ def _fsck_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     return {**fsck(store), "repaired": []}
 
 
-@command("gc", durable=True)
+@command("gc", durable=True, reaches_out=True)
 async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.maintenance import DEFAULT_BUDGET
     budget = cmd.get("budget", DEFAULT_BUDGET)
@@ -308,7 +311,7 @@ async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 
 # -- forks (core/fork.py) ---------------------------------------------------------------
 
-@command("fork", durable=True)
+@command("fork", durable=True, reaches_out=True)
 async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     """A new session's store at "store", starting from checkpoint "id" (none: the live
     state, as a new checkpoint). Its blocks stay here: the fork is recorded first, so no
@@ -317,12 +320,17 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.workers import off_loop
     from overlayckpt.records import iso_time
     from overlayckpt.store.info import read_info, write_info
+    from overlayckpt.service.paths import off_mount
+    from overlayckpt.store.places import check_store_dir
     path = _opt_str(cmd, "store")
     if not path:
         raise UserError('fork needs "store" (the new session\'s store directory)')
-    path = os.path.realpath(path)
-    if os.path.exists(os.path.join(path, "data.mdb")):
-        raise UserError(f"{path} holds a session already: pick another --store")
+
+    def fresh(real: str) -> None:
+        if os.path.exists(os.path.join(real, "data.mdb")):
+            raise UserError(f"{real} holds a session already: pick another --store")
+        check_store_dir(real)
+    path, _ = await off_mount(s, path, "the fork's store", fresh)
     tl = Timeline(s.ctx)
     if cmd.get("id") is None:
         ck = tl.checkpoint(None, "fork", _caller())
@@ -335,22 +343,26 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         s.store.write(lambda w: forget_fork(w, path))
         raise
     info = read_info(s.store.path)
-    write_info(path, {"repo": s.repo, "window": info.get("window", 1.0),
-                      "block_size": s.store.block_size, "created": iso_time(time.time_ns()),
-                      "parent": os.path.realpath(s.store.path), "parent_checkpoint": ck.id})
-    return {**made, "parent": os.path.realpath(s.store.path), "repo": s.repo}
+    parent = os.path.realpath(s.store.path)
+    fork_info = {"repo": s.repo, "window": info.get("window", 1.0),
+                 "block_size": s.store.block_size, "created": iso_time(time.time_ns()),
+                 "parent": parent, "parent_checkpoint": ck.id}
+    # (on a worker thread, as every use of a path a client gave: see paths.py)
+    await trio.to_thread.run_sync(write_info, path, fork_info, abandon_on_cancel=True)
+    return {**made, "parent": parent, "repo": s.repo}
 
 
-@command("unfork", durable=True)
+@command("unfork", durable=True, reaches_out=True)
 async def _unfork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     """Forget the fork at "store" (it was dropped): its blocks are this session's garbage."""
     from overlayckpt.core.fork import forget_fork
     from overlayckpt.store.lmdbstore import drop_reader
+    from overlayckpt.service.paths import off_mount
     path = _opt_str(cmd, "store")
     if not path:
         raise UserError('unfork needs "store"')
-    drop_reader(path)
-    return {"forgot": s.store.write(lambda w: forget_fork(w, os.path.realpath(path)))}
+    path, _ = await off_mount(s, path, "the fork's store", drop_reader)
+    return {"forgot": s.store.write(lambda w: forget_fork(w, path))}
 
 
 @command("forks")

@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from overlayckpt.errors import UserError
+from overlayckpt.service.paths import git_dir_off_mount, off_mount
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
 from overlayckpt.core.workers import off_loop
@@ -21,7 +22,7 @@ from overlayckpt.export.gitnames import session_name
 _locks: "weakref.WeakKeyDictionary[Session, trio.Lock]" = weakref.WeakKeyDictionary()
 
 
-@command("export_git", durable=True)
+@command("export_git", durable=True, reaches_out=True)
 async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     branch = cmd.get("branch")
     if branch is not None and not isinstance(branch, str):
@@ -29,6 +30,7 @@ async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     limit = cmd.get("limit", 0)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise UserError('"limit" must be a non-negative integer')
+    await git_dir_off_mount(s, f"/proc/{os.getpid()}/fd/{s.lower.fd}/.git")
     exporter = GitExport(s.ctx, branch)
     lock = _locks.setdefault(s, trio.Lock())
     async with lock:  # one export at a time per session (the daemon serves many requests)
@@ -57,14 +59,12 @@ async def _show_new_git_objects(s: Session, ref: str) -> None:
     await s.invalidate(list(git_inos.values()), entries)
 
 
-@command("export_bundle")
+@command("export_bundle", reaches_out=True)
 async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     path = cmd.get("path")
     if not isinstance(path, str) or not os.path.isabs(path):
         raise UserError('export_bundle needs "path": an absolute file path')
-    mnt = s.mountpoint
     # never stat or open anything inside our own mount: the daemon would wait on itself
-    if mnt and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
-        raise UserError(f"{path} is inside the mount {mnt}: write the bundle outside it")
+    path, _ = await off_mount(s, path, "the bundle")
     info = {"repo": s.repo, "window": s.overlay.window, "session": session_name(s.store.path)}
     return await off_loop(s.store, lambda store: write_bundle(store, path, info, s.lower.fd))

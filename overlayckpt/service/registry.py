@@ -21,6 +21,9 @@ DURABLE: dict[str, Durable] = {}
 # cut before it ends loses nothing (after a restore's, the state it replaced is live again;
 # an unnamed checkpoint is lost, as an automatic one of the same moment would be)
 SYNC_SOON: set[str] = set()
+# commands that reach outside the session (the repo, other sessions, other files): a
+# sandboxed session (run --private) refuses them to its agent (Session.command)
+REACHES_OUT: set[str] = set()
 
 # The read-only part of a command: (session, store, command) -> result, run where no
 # request of the mount waits for it (Session.read_off_loop: the reader process of a
@@ -29,11 +32,14 @@ Reading = Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
 READINGS: dict[str, Reading] = {}
 
 
-def command(name: str, durable: bool | Durable = False, sync_soon: bool = False
-            ) -> Callable[[Handler], Handler]:
-    """durable: every call, or which ones (the others then sync soon)."""
+def command(name: str, durable: bool | Durable = False, sync_soon: bool = False,
+            reaches_out: bool = False) -> Callable[[Handler], Handler]:
+    """durable: every call, or which ones (the others then sync soon); reaches_out: it
+    changes something outside the session (REACHES_OUT)."""
     def register(fn: Handler) -> Handler:
         COMMANDS[name] = fn
+        if reaches_out:
+            REACHES_OUT.add(name)
         if durable:
             DURABLE[name] = durable if callable(durable) else lambda cmd: True
         if sync_soon:

@@ -24,7 +24,7 @@ from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import ReaderFailed, UserError
 from overlayckpt.names import shown
 from overlayckpt.core.workers import off_loop
-from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, SYNC_SOON, command
+from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, REACHES_OUT, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
@@ -46,7 +46,7 @@ class Session:
     apply-on-unmount, the log's line counts, the mount's kernel status."""
 
     def __init__(self, ctx: Context, *, apply_on_exit: bool = False,
-                 kernel_status: StatusExtra = no_kernel_status) -> None:
+                 kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False) -> None:
         self.ctx = ctx
         # the same objects as ctx's: a Session serves wherever the core takes a Context
         self.store = ctx.store
@@ -55,6 +55,9 @@ class Session:
         self.repo = ctx.repo
         self.mountpoint = ctx.mountpoint
         self.apply_on_exit = apply_on_exit
+        # served to a sandboxed agent (run --private): what reaches outside is refused;
+        # set by the daemon's own command line, never by anything the agent controls
+        self.sandboxed = sandboxed
         self.line_counts: dict[tuple[int, int, bool], tuple[int, int, dict[str, str]]] = {}  # see commands.log
         # thin and gc one at a time: each plans in a snapshot, then writes what still holds
         self._maintenance = trio.Lock()
@@ -76,7 +79,7 @@ class Session:
              mountpoint: str | None = None, apply_on_exit: bool = False,
              invalidate: Invalidate = no_invalidate, flush_kernel: FlushKernel = no_flush,
              warm: Callable[[int], bool] | None = None,
-             kernel_status: StatusExtra = no_kernel_status) -> "Session":
+             kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False) -> "Session":
         """Open (or create) the session in store_dir; the mount passes its kernel hooks,
         the read-ahead of the repo (warm) and its kernel status, everyone else none."""
         info = read_info(store_dir)
@@ -119,7 +122,8 @@ class Session:
         write_info(store_dir, info)
         ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
                       invalidate=invalidate, flush_kernel=flush_kernel)
-        return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status)
+        return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status,
+                   sandboxed=sandboxed)
 
     @classmethod
     def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> "Session":
@@ -162,6 +166,10 @@ class Session:
         handler = COMMANDS.get(name)  # type: ignore[arg-type]
         if handler is None:
             raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(COMMANDS))}")
+        if self.sandboxed and name in REACHES_OUT:
+            raise UserError(f"{name} is refused: this session is sandboxed (run --private) and "
+                            f"{name} reaches outside it; after the run its user can act on the "
+                            f"session with 'overlayckpt --store {self.store.path}'")
         result = await handler(self, cmd)
         durable = DURABLE.get(name)
         if durable is not None and durable(cmd):
@@ -189,6 +197,7 @@ class Session:
             # never stat the mountpoint here: the daemon would wait on itself
             "in_place": self.mountpoint == self.repo,
             "apply_on_unmount": self.apply_on_exit,
+            "sandboxed": self.sandboxed,
             **self.kernel_status(),  # kernel_dir_cache, repo_read_ahead
             "live_checkpoint": live.id if live else None,
             "block_size": self.store.block_size,
@@ -234,7 +243,7 @@ async def _summary(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {**await read_off_loop(s.store, summary), "created": read_info(s.store.path).get("created")}
 
 
-@command("set_apply")
+@command("set_apply", reaches_out=True)
 async def _set_apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     value = cmd.get("apply")
     if not isinstance(value, bool):

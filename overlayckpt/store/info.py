@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from overlayckpt.store.places import open_private
 from overlayckpt.store.synced import fsync_dir
 
 INFO_FILE = "session.json"  # repo path and current daemon, for the CLI
@@ -35,7 +36,8 @@ def write_info(store_dir: str, info: dict[str, Any]) -> None:
     """Durably: after a power cut every --store command still finds the session (and
     the repo path is kept in the store too, see Session.open)."""
     tmp = os.path.join(store_dir, INFO_FILE + ".tmp")
-    with open(tmp, "w") as f:
+    # 0600: it names the repo and the session's places (places.py)
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
         json.dump(info, f, indent=2)
         f.flush()
         os.fsync(f.fileno())

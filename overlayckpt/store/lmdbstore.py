@@ -34,7 +34,7 @@ import lmdb
 import lmdb.verify
 import zstandard
 
-from overlayckpt.store import synced
+from overlayckpt.store import places, synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import (
     DEFAULT_BLOCK_SIZE, FIRST_UPPER_INO, FORMAT_VERSION, ZERO_BLOCK, Checkpoint, from_u64, u64,
@@ -372,9 +372,10 @@ class Store:
                 raise UserError(f"cannot create store {path}: {e.strerror}") from None
         if not os.access(path, os.W_OK | os.X_OK):
             raise UserError(f"store {path} is not writable: fix its permissions or pick --store")
+        places.secure(path)  # (a directory made with mkdir is 0755: it is a store now)
         lock_fd = None
         if lock:
-            lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock_fd = places.open_private(os.path.join(path, "lock"), os.O_RDWR)
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -391,7 +392,7 @@ class Store:
             try:
                 env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2,
                                 sync=False, metasync=False, readahead=False, max_readers=256,
-                                readonly=False)
+                                readonly=False, mode=places.FILE_MODE)
             except lmdb.Error as e:
                 raise UserError(f"cannot open store {path}: {e}") from None
             env.reader_check()
