@@ -126,7 +126,7 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
         raise UserError(f"cannot create store {store}: {e.strerror}") from None
     secure(store)  # before its log is written (a directory made with mkdir is 0755)
     logpath = os.path.join(store, "daemon.log")
-    argv = [sys.executable, "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
+    argv = [sys.executable, "-P", "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
             "--foreground", "--apply" if apply else "--no-apply"]
     if args.block_size:
         argv += ["--block-size", str(args.block_size)]
@@ -228,7 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     private = os.environ.get("OVERLAYCKPT_PRIVATE", "")
     if args.private and not private:
         unshare, private = private_namespace()
-        argv = [sys.executable, "-m", "overlayckpt"] + sys.argv[1:]
+        argv = [sys.executable, "-P", "-m", "overlayckpt"] + sys.argv[1:]
         env = dict(os.environ, OVERLAYCKPT_PRIVATE=private)
         return subprocess.call(unshare + ["--"] + argv, env=env)
     if private == "user":  # the command without the namespace's capabilities: it cannot unmount the overlay

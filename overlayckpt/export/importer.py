@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from typing import Any
 
 import blake3
@@ -48,6 +49,7 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
             raise UserError(f"{store_dir} exists and is not a directory: pick another --store")
         made = _first_missing(store_dir)
         before = set(os.listdir(store_dir)) if made is None else None
+        mode = stat.S_IMODE(os.stat(store_dir).st_mode) if made is None else 0  # Store.open makes it 0700
         store: Store | None = None
         failed = True
         try:
@@ -72,6 +74,8 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
                 store.close()
             if failed and (before is None or "data.mdb" not in before):
                 _remove_new(store_dir, made, before)
+                if made is None:
+                    os.chmod(store_dir, mode)
     finally:
         bundle.close()
     info = read_info(store_dir)
