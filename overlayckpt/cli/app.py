@@ -234,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         handler = handler_of("run-forks" if getattr(args, "fork", None) is not None else args.command)
         return handler(args)
     except (UserError, FsError) as e:
-        # one line, nothing in it a terminal acts on: it may quote a name the agent chose
-        from overlayckpt.names import line_text
-        print(f"overlayckpt: {line_text(str(e))}", file=sys.stderr)
+        # nothing in it a terminal acts on (it may quote a name the agent chose); the values
+        # it quotes are escaped whole (names.shown, quote_path), so its own newlines stay: a
+        # backout's conflict report is several lines by design
+        from overlayckpt.names import terminal_text
+        print(f"overlayckpt: {terminal_text(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
