@@ -167,12 +167,15 @@ def test_bench_sigterm_cleans_up_too(tmp_path: Path, tmpdir_env: dict[str, str])
 @pytest.mark.parametrize("what, expect", [
     ("missing", "does not exist"),
     ("file", "is not a directory"),
+    ("empty", "nothing to measure"),
 ])
 def test_bench_refuses_a_bad_repo_in_one_line(tmp_path: Path, tmpdir_env: dict[str, str],
                                               what: str, expect: str) -> None:
     target = tmp_path / what
     if what == "file":
         target.write_text("x\n")
+    elif what == "empty":
+        target.mkdir()
     proc = run_cli("bench", str(target), env=tmpdir_env, check=False)
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and expect in proc.stderr, proc.stderr
@@ -186,6 +189,9 @@ def test_bench_refuses_an_overlayckpt_mount(repo: Path, mount_factory,
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "is an overlayckpt mount" in proc.stderr, proc.stderr
+    proc = run_cli("bench", str(m.mnt / "src"), env=tmpdir_env, check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert "is inside the overlayckpt mount" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])

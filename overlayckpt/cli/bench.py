@@ -116,10 +116,14 @@ def check_repo(repo_arg: str) -> str:
     if client.is_stale(repo):
         raise UserError(f"bench: {shown} is a stale mount (its daemon is gone): run "
                         "'overlayckpt unmount' on it first")
-    if os.path.exists(os.path.join(repo, ".overlayckpt", "ctl")) or \
-            _mount_of(repo)[1] == "fuse.overlayckpt":
+    point, fstype = _mount_of(repo)
+    if os.path.exists(os.path.join(repo, ".overlayckpt", "ctl")) or (
+            fstype == "fuse.overlayckpt" and point == repo):
         raise UserError(f"bench: {shown} is an overlayckpt mount: bench the repository itself "
                         "(unmount it first if it is mounted in place)")
+    if fstype == "fuse.overlayckpt":
+        raise UserError(f"bench: {shown} is inside the overlayckpt mount {line_text(point)}: "
+                        "bench the repository itself")
     if not os.access(repo, os.R_OK | os.X_OK):
         raise UserError(f"bench: {shown} is not readable: run as its owner")
     return repo
@@ -434,6 +438,9 @@ class Scratch:
         reply = self.conn.call(cmd)
         return reply, time.perf_counter_ns() - t0
 
+    def _mounted(self) -> bool:
+        return _mount_of(self.mnt)[0] == self.mnt
+
     def _daemon_pid(self) -> int | None:
         """Our daemon: known from its status, else the process we started with this
         store (the unique scratch path) and --foreground, if it is still starting."""
@@ -459,7 +466,11 @@ class Scratch:
             self.conn.close()
             self.conn = None
         pid = self._daemon_pid()
-        if _mount_of(self.mnt)[0] == self.mnt:
+        if pid and not self._mounted():  # (stopped while it started: let it mount first)
+            deadline = time.monotonic() + DAEMON_EXIT_WAIT
+            while client.pid_alive(pid) and not self._mounted() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if self._mounted():
             try:
                 unmount(self.mnt, False)
             except (UserError, OSError):
@@ -471,9 +482,9 @@ class Scratch:
             if client.pid_alive(pid):  # (the daemon we started; it ignored the unmount)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        if _mount_of(self.mnt)[0] == self.mnt:
+        if self._mounted():
             subprocess.run(["fusermount3", "-uz", self.mnt], check=False, capture_output=True)
-        if _mount_of(self.mnt)[0] == self.mnt:  # never delete through a mount
+        if self._mounted():  # never delete through a mount
             raise UserError(f"bench: {self.mnt} is still mounted: run 'fusermount3 -uz "
                             f"{self.mnt}', then remove {self.dir}")
         self.log_problems = _log_problems(os.path.join(self.store, "daemon.log"))
@@ -559,13 +570,17 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
     git_skip = git_problem(repo)
     progress.update(0.0, "sampling files")
     sample = sample_files(repo)
+    contents: dict[str, bytes] = {}
+    for rel in sample.files:
+        try:
+            with open(os.path.join(repo, rel), "rb") as f:
+                contents[rel] = f.read(MAX_FILE + 1)
+        except OSError:
+            continue  # (gone or changed since the walk: measure the others)
+    sample.files = [rel for rel in sample.files if rel in contents]
     if not sample.files:
         raise UserError(f"bench: {line_text(repo)} has no regular file of at most "
                         f"{MAX_FILE >> 10} KiB that could be written: nothing to measure")
-    contents: dict[str, bytes] = {}
-    for rel in sample.files:
-        with open(os.path.join(repo, rel), "rb") as f:
-            contents[rel] = f.read(MAX_FILE + 1)
     marks = _repo_marks(repo)
     scratch: Scratch | None = None
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
