@@ -393,15 +393,16 @@ class Progress:
             sys.stderr.write(f"\r\x1b[K[{'#' * filled}{'.' * (self.WIDTH - filled)}] "
                              f"{pct:3d}% {label}")
             sys.stderr.flush()
-        elif pct // 10 > self.shown // 10 or self.shown < 0:
+        elif pct > 0 and (pct // 10 > self.shown // 10 or self.shown <= 0):
+            # (from the first step after sampling: a REPO refused then gets one line only)
             sys.stderr.write(f"overlayckpt bench: {pct}% {label}\n")
             sys.stderr.flush()
         self.shown = pct
 
-    def done(self) -> None:
+    def done(self, ok: bool) -> None:
         if self.tty and self.shown >= 0:
             sys.stderr.write("\r\x1b[K")
-        elif not self.tty:
+        elif not self.tty and ok:
             sys.stderr.write("overlayckpt bench: 100% done\n")
         sys.stderr.flush()
         self.shown = -1
@@ -569,7 +570,11 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
     started = time.monotonic()
     git_skip = git_problem(repo)
     progress.update(0.0, "sampling files")
-    sample = sample_files(repo)
+    try:
+        sample = sample_files(repo)
+    except BaseException:
+        progress.done(False)
+        raise
     contents: dict[str, bytes] = {}
     for rel in sample.files:
         try:
@@ -579,15 +584,18 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
             continue  # (gone or changed since the walk: measure the others)
     sample.files = [rel for rel in sample.files if rel in contents]
     if not sample.files:
+        progress.done(False)
         raise UserError(f"bench: {line_text(repo)} has no regular file of at most "
                         f"{MAX_FILE >> 10} KiB that could be written: nothing to measure")
     marks = _repo_marks(repo)
     scratch: Scratch | None = None
+    ok = False
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         _signals(_stop)
         scratch = Scratch(repo)
         result = _measure(repo, seconds, progress, scratch, sample, contents, git_skip, started)
+        ok = True
     finally:
         # nothing cuts the clean-up short: a mount left behind would outlive us
         for s in saved:
@@ -596,7 +604,7 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
             if scratch is not None:
                 progress.update(max(progress.shown, 0) / 100, "unmounting")
                 scratch.close()
-            progress.done()
+            progress.done(ok)
         finally:
             for s, handler in saved.items():
                 signal.signal(s, handler)
