@@ -129,7 +129,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="per-write snapshot latency on REPO, native against "
                                       "mounted, without changing REPO")
-    be.add_argument("repo")
+    be.add_argument("repo", help="the repository to measure (left as it is)")
     be.add_argument("--seconds", type=float, default=20.0,
                     help="seconds of measuring (default 20; sampling and mounting come on top)")
 

@@ -17,8 +17,12 @@ What runs, in order:
    so drift on a shared machine hits both alike: atomic save (write a temp file,
    rename it over the real one), in-place edit (open, 4 KiB pwrite, close), append,
    create a small new file, delete a real file, rename a real file. Then, in the
-   mount only, a checkpoint and a restore to the state at mount (checkpoint 0)
-   through the control file. After the restore the mount shows exactly REPO again,
+   mount only, a checkpoint (unnamed, as an agent's automatic ones are: a named
+   one is also synced to disk) and a restore to the state at mount (checkpoint 0)
+   through the control file, so that every round's writes in the mount are first
+   touches of REPO's files again. (Native copies are not reset: a native delete
+   removes a file written earlier in the run, whose blocks the filesystem frees,
+   where the overlay keeps them as history.) After the restore the mount shows exactly REPO again,
    so `git status` and `git diff` (when REPO has a `.git` directory) compare like
    with like: native git runs on REPO itself, the mounted one on the mount, both
    with `--no-optional-locks` (and GIT_OPTIONAL_LOCKS=0), which keeps git from
@@ -27,7 +31,9 @@ What runs, in order:
    as fresh in the mount as it is natively. A copy of REPO would be the other
    fair tree for git, but copying 200,000 files costs more than the whole bench.
    The git ops run in a round only while they have taken at most GIT_SHARE of the
-   time, so a big repo still gets many write samples.
+   time, so a big repo still gets many write samples. Before the first round one
+   `git status` on each side is reported on its own (git_status_first): in the
+   mount it is the first, on the kernel's cold caches for the new mount.
 4. Unmount (also on an error, Ctrl-C, SIGTERM or SIGHUP) and remove the scratch
    directory. Nothing is mounted and nothing is left beside REPO afterwards.
 
@@ -594,7 +600,7 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
     try:
         _signals(_stop)
         scratch = Scratch(repo)
-        result = _measure(repo, seconds, progress, scratch, sample, contents, git_skip, started)
+        result = _measure(repo, seconds, progress, scratch, sample, contents, git_skip)
         ok = True
     finally:
         # nothing cuts the clean-up short: a mount left behind would outlive us
@@ -609,14 +615,13 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
             for s, handler in saved.items():
                 signal.signal(s, handler)
     result["repo_untouched"] = _repo_marks(repo) == marks
-    assert scratch is not None
-    result["daemon_log_problems"] = scratch.log_problems
+    result["daemon_log_problems"] = scratch.log_problems if scratch is not None else []
     result["wall_s"] = round(time.monotonic() - started, 2)
     return result
 
 
 def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sample: Sample,
-             contents: dict[str, bytes], git_skip: str | None, started: float) -> dict[str, Any]:
+             contents: dict[str, bytes], git_skip: str | None) -> dict[str, Any]:
     progress.update(0.02, "copying the sample")
     for rel in sample.files:
         dest = os.path.join(scratch.native, rel)
@@ -757,6 +762,9 @@ def text_report(r: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.mount or args.store:
+        raise UserError("bench mounts a scratch session of its own (its store in a temp dir): "
+                        "drop --mount and --store")
     seconds = args.seconds
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise UserError(f"bench: --seconds {seconds!r} is not a number of seconds above 0 and "
