@@ -4,7 +4,7 @@ Exit status: 0 ok, 1 failed (one line on stderr: what, why, what to do), 2 usage
 Commands on a session talk to its daemon through `.overlayckpt/ctl` when it is
 mounted, or open its store directly (`--store`) when it is not.
 The commands live one group per module: daemon.py (mount, unmount, run, status,
-recover), timeline.py, export.py, hooks.py.
+recover), timeline.py, export.py, hooks.py, bench.py.
 
 A command that only talks to a daemon (a hook's `checkpoint`, `log`) is started
 often and must start fast: this module imports only the parser's needs, each
@@ -129,6 +129,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     fo.add_argument("mountpoint")
     fo.add_argument("--fork-store", help="the fork's store (default: the repo's next numbered session)")
 
+    be = sub.add_parser("bench", help="per-write snapshot latency on REPO, native against "
+                                      "mounted, without changing REPO")
+    be.add_argument("repo", help="the repository to measure (left as it is)")
+    be.add_argument("--seconds", type=float, default=20.0,
+                    help="seconds of measuring (default 20; sampling and mounting come on top)")
+
     sub.add_parser("mcp", help="serve this mount's timeline to an agent as an MCP server "
                                "(stdio): timeline, diff, checkpoint, restore")
 
@@ -170,6 +176,10 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command == "mcp":
         from overlayckpt.cli.mcp import cmd_mcp  # (JSON-RPC on stdio, no SDK)
         return cmd_mcp
+    if command == "bench":
+        # (it mounts a scratch session of its own)
+        from overlayckpt.cli.bench import cmd_bench
+        return cmd_bench
     if command in FORK_COMMANDS:
         from overlayckpt.cli import fork
         return getattr(fork, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
