@@ -4,6 +4,8 @@ with the real git in a mount is tests/test_git_timeline.py."""
 from __future__ import annotations
 
 
+import json
+
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.groupfiles import GONE, fold
 from overlayckpt.core.summaries import describe, is_internal
@@ -156,3 +158,30 @@ async def test_an_entry_of_many_files_reads_its_first_rows_and_shows_what_all_of
     for path, listed in (("zz/late.txt", True), ("tmp.txt", False), (".git/objects/01", True)):
         found = [e["id"] for e in (await log(session, file=path))["checkpoints"]]
         assert (1 in found) == listed, path
+
+
+def _line(s: Session, **obj: object) -> None:
+    s.conversation_append(json.dumps({"content": "", **obj}).encode())
+
+
+async def test_after_a_restore_summaries_come_from_the_live_branch_only(session: Session) -> None:
+    """Issue 34: the lines a restore --both abandoned chain from the head it moved back
+    to; the next checkpoint's summary must not be taken from them."""
+    ov = session.overlay
+    put(ov, GIT, ".git/index", b"DIRC")
+    _line(session, role="user", content="edit the readme")
+    await log(session)
+    before = (await log(session, all=True))["checkpoints"][0]["id"]
+    _line(session, role="assistant", tool="Edit", event="PreToolUse", content="README.md")
+    put(ov, ME, "README.md", b"step 0\n")
+    _line(session, role="tool", event="PostToolUse", content="ok")
+    _line(session, role="assistant", event="Stop", content="Step 0.")
+    assert (await log(session))["checkpoints"][0]["summary"] == "Edit: README.md"
+    await session.command({"cmd": "restore", "id": before, "what": "both"})
+    put(ov, GIT, ".git/index", b"DIRC refreshed")
+    newest = (await log(session, all=True))["checkpoints"][0]
+    assert newest["summary"] == "git: index updated"
+    # a turn on the live branch after the restore still names its checkpoint
+    put(ov, ME, "notes.txt", b"new\n")
+    _line(session, role="assistant", event="Stop", content="Wrote the notes.")
+    assert (await log(session))["checkpoints"][0]["summary"] == "Wrote the notes."
