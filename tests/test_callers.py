@@ -135,3 +135,30 @@ def test_a_make_and_a_shell_loop_are_one_checkpoint_each(tmp_path: Path, mount_f
         (agent, "modified f1.c"),
     ]
     assert (m.mnt / "prog").exists() and (m.mnt / "t9.txt").read_text() == "baa 9\n"
+
+
+# A SQLite database in WAL mode, as Aider's repo-map cache and many tools keep one: its
+# -shm file is written through a shared mmap, which reaches the daemon as page writeback
+# (no process).
+SQLITE_WAL = r"""
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("CREATE TABLE t (x)")
+for i in range(3):
+    db.execute("INSERT INTO t VALUES (?)", (i,))
+db.close()
+"""
+
+
+def test_a_sqlite_wal_script_is_one_checkpoint_named_after_its_process(tmp_path: Path,
+                                                                        mount_factory) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("hi\n")
+    m = mount_factory(repo, "--window", "600")  # groups end only where another writer writes
+    subprocess.run([sys.executable, "-c", SQLITE_WAL, str(m.mnt / "t.db")], check=True, timeout=60)
+    new = checkpoints_after(m, 0)
+    assert len(new) == 1, [(c["process"]["comm"], c["summary"]) for c in new]
+    assert new[0]["process"]["comm"].startswith("python")
+    assert {f["path"] for f in new[0]["files"]} == {"t.db"}

@@ -41,7 +41,8 @@ KERNEL_HANDLE = 1 << 63
 # its snapshot's number (high 31 bits) and the index (low 32 bits), so a listing read
 # in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
-# Page writeback (mmap) carries no process: its writes are journalled as this one.
+# Page writeback (mmap) carries no process: its writes are journalled under the file's
+# last writer (Writers), or as this one when it has none.
 WRITEBACK = Caller(0, "writeback")
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
@@ -77,6 +78,30 @@ class Handle:
     ino: int
     caller: Caller
     control: Any = None  # a control-file handle for control inodes
+
+
+class Writers:
+    """Inode -> the caller that last created, truncated or wrote it (the newest `size`).
+
+    Page writeback of a shared mmap (SQLite's -shm in WAL mode) reaches us with no
+    process; journalled as a writer of its own, it split its writer's group in three
+    (issue 34). The process that dirtied the pages is the one that opened, sized or
+    wrote the file: SQLite sizes its -shm with ftruncate and write before mapping it.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._last: OrderedDict[int, Caller] = OrderedDict()
+
+    def wrote(self, ino: int, caller: Caller) -> None:
+        if self._last.get(ino) is not caller:
+            self._last[ino] = caller
+            self._last.move_to_end(ino)
+            if len(self._last) > self._size:
+                self._last.popitem(last=False)
+
+    def of(self, ino: int) -> Caller:
+        return self._last.get(ino, WRITEBACK)
 
 
 class Comms:
@@ -203,6 +228,7 @@ class Operations(pyfuse3.Operations):
         self.ov = overlay
         self.ctl = control
         self.comms = Comms()
+        self.writers = Writers()
         self.handles: dict[int, Handle] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
         self._next_snapshot = 0
@@ -301,6 +327,8 @@ class Operations(pyfuse3.Operations):
         if inode >= CONTROL_INO_BASE:
             return await self.ctl.setattr(inode)
         caller = self.handles[fh].caller if fh in self.handles else self._caller(ctx)
+        if fields.update_size:
+            self.writers.wrote(inode, caller)
         node = self.ov.setattr(
             caller, inode,
             mode=attr.st_mode if fields.update_mode else None,
@@ -327,7 +355,9 @@ class Operations(pyfuse3.Operations):
     def _create(self, parent: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext,
                 rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         self._no_control(parent)
-        made = self.ov.create(self._caller(ctx), parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        caller = self._caller(ctx)
+        made = self.ov.create(caller, parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        self.writers.wrote(made[0], caller)
         self._changed_dirs(parent)
         return made
 
@@ -400,7 +430,9 @@ class Operations(pyfuse3.Operations):
             # the kernel passes O_TRUNC on to us; ignoring it would keep the old data
             node = self.ov.live(lambda r: self.ov.node(r, inode))
             if node.is_reg and node.size:
-                self.ov.setattr(self._caller(ctx), inode, size=0)
+                caller = self._caller(ctx)
+                self.writers.wrote(inode, caller)
+                self.ov.setattr(caller, inode, size=0)
         return pyfuse3.FileInfo(fh=self._file_handle(inode, ctx), keep_cache=True)
 
     @translate_errors
@@ -419,11 +451,16 @@ class Operations(pyfuse3.Operations):
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
             pid, logged = kcache.request_pid(), kcache.request_logged()
-            caller = self.comms.caller(pid) if pid else WRITEBACK
+            ino = fh ^ KERNEL_HANDLE
+            if pid:
+                caller = self.comms.caller(pid)
+                self.writers.wrote(ino, caller)
+            else:  # page writeback: the file's last writer dirtied those pages
+                caller = self.writers.of(ino)
             if logged is not None:
-                return await self._write_behind(caller, fh ^ KERNEL_HANDLE, off, buf, logged)
+                return await self._write_behind(caller, ino, off, buf, logged)
             await self._keep_up()
-            return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
+            return self.ov.write(caller, ino, off, buf)
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)
