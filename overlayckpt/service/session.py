@@ -55,7 +55,7 @@ class Session:
         self.repo = ctx.repo
         self.mountpoint = ctx.mountpoint
         self.apply_on_exit = apply_on_exit
-        self.line_counts: dict[tuple[int, int, bool], tuple[int, int, dict[str, str]]] = {}  # see commands.log
+        self.line_counts: dict[tuple[int, int, bool], Any] = {}  # commands._by_content's
         # thin and gc one at a time: each plans in a snapshot, then writes what still holds
         self._maintenance = trio.Lock()
         self.kernel_status = kernel_status

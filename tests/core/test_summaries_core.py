@@ -185,3 +185,43 @@ async def test_after_a_restore_summaries_come_from_the_live_branch_only(session:
     put(ov, ME, "notes.txt", b"new\n")
     _line(session, role="assistant", event="Stop", content="Wrote the notes.")
     assert (await log(session))["checkpoints"][0]["summary"] == "Wrote the notes."
+
+
+async def test_checkpoints_that_change_no_content_are_hidden_unless_all(session: Session) -> None:
+    """Issue 34: a `touch` (mtime only), a file rewritten with the same bytes, a temp file
+    made and removed, and a git index rewritten as it was are each a checkpoint of their
+    own, listed only with all (and marked empty); a chmod is a change."""
+    ov = session.overlay
+    put(ov, GIT, ".git/index", b"DIRC same")
+    await log(session)
+    readme = ino(ov, "README.md")
+    ov.setattr(Caller(7001, "touch"), readme, mtime_ns=123_000_000_000)
+    await log(session)
+    put(ov, Caller(7002, "cp"), "README.md", ov.live(lambda r: ov.read_all(r, readme)))
+    await log(session)
+    put(ov, Caller(7003, "git"), ".git/index", b"DIRC same")
+    await log(session)
+    put(ov, Caller(7004, "agent"), "t.tmp", b"x")
+    ov.remove(Caller(7004, "agent"), ROOT_INO, b"t.tmp", False)
+    await log(session)
+    ov.setattr(Caller(7005, "chmod"), ino(ov, "run.sh"), mode=0o100700)
+    put(ov, Caller(7006, "sed"), "README.md", b"one\ntwo\n")
+    shown = (await log(session))["checkpoints"]
+    assert [c["process"]["comm"] for c in shown] == ["sed", "chmod", "git", ""]
+    assert not any(c["empty"] for c in shown)
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [(c["process"]["comm"], c["empty"]) for c in everything] == [
+        ("sed", False), ("chmod", False), ("agent", True), ("git", True), ("cp", True),
+        ("touch", True), ("git", False), ("", False)]
+
+
+async def test_every_listed_row_counts_its_lines(session: Session) -> None:
+    ov = session.overlay
+    for i in range(30):
+        put(ov, Caller(8000 + i, "sed"), f"f{i}.txt", b"x\n" * (i + 1))
+    put(ov, Caller(8100, "sed"), "f0.txt", b"y\nx\n")
+    rows = (await log(session, limit=40))["checkpoints"]
+    assert len(rows) == 32
+    assert (rows[0]["added"], rows[0]["removed"]) == (1, 0)
+    assert [(c["added"], c["removed"]) for c in rows[1:31]] == [(i + 1, 0) for i in reversed(range(30))]
+    assert [f["change"] for f in rows[1]["files"]] == ["A"]
