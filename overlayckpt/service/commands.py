@@ -15,6 +15,7 @@ from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core import groupfiles
+from overlayckpt.core.ignore import Ignored
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
@@ -83,6 +84,8 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
         files_at = Files(s.overlay, r)
+        ignored = None if everything else Ignored.of(s.overlay, r)
+        folded: list[int] = []  # bookkeeping rows newer than any row shown yet
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -96,12 +99,37 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
             if entry["empty"] and not everything:
                 ck = before
                 continue
+            if ignored is not None and file is None and _bookkeeping(r, ck, ignored):
+                # folded into the row after it (the newer), or the one before if it is the newest
+                (out[-1].setdefault("folded", []) if out else folded).append(ck.id)
+                ck = before
+                continue
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
+            if folded:
+                entry["folded"], folded = folded, []
             out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
     return store.read(fn)
+
+
+# A group of more paths than this is not looked at for bookkeeping: it is shown.
+BOOKKEEPING_PATHS = 1024
+
+
+def _bookkeeping(r: ReadTxn, ck: Checkpoint, ignored: Ignored) -> bool:
+    """Whether ck is an automatic checkpoint whose every path is ignored (by the repo's
+    rules or as an agent's own file): read as far as its first path that is not."""
+    if ck.kind != "auto":
+        return False
+    n = 0
+    for path, _ in groupfiles.rows(r, ck):
+        n += 1
+        # (a row does not say whether it is a directory: an ignored one is made with its files)
+        if n > BOOKKEEPING_PATHS or is_internal(path) or not ignored(path, maybe_dir=True):
+            return False
+    return n > 0
 
 
 def _by_content(s: Session, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,

@@ -8,6 +8,7 @@ import json
 
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.groupfiles import GONE, fold
+from overlayckpt.core.ignore import AGENT_RULES, Ignored
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import ROOT_INO
@@ -225,3 +226,33 @@ async def test_every_listed_row_counts_its_lines(session: Session) -> None:
     assert (rows[0]["added"], rows[0]["removed"]) == (1, 0)
     assert [(c["added"], c["removed"]) for c in rows[1:31]] == [(i + 1, 0) for i in reversed(range(30))]
     assert [f["change"] for f in rows[1]["files"]] == ["A"]
+
+
+def test_the_ignore_rules_follow_gitignore() -> None:
+    ignored = Ignored([*AGENT_RULES, "build/", "/top.txt", "*.log", "!keep.log", "docs/**/*.tmp",
+                       "# a comment", ""])
+    assert ignored("build/x.o") and ignored("src/build/y.o") and not ignored("build")
+    assert ignored("top.txt") and not ignored("src/top.txt")
+    assert ignored("a/b.log") and not ignored("a/keep.log")
+    assert ignored("docs/x.tmp") and ignored("docs/a/b/x.tmp") and not ignored("x.tmp")
+    assert ignored(".aider.chat.history.md") and ignored(".aider.tags.cache.v4/cache.db-wal")
+    assert ignored("pkg/__pycache__/m.cpython-311.pyc") and not ignored("src/app.py")
+
+
+async def test_bookkeeping_checkpoints_fold_into_their_neighbour(session: Session) -> None:
+    """Issue 34: a checkpoint whose every path the repo ignores (or is an agent's own file)
+    is no row of its own in the default log: the row after it lists its id."""
+    ov = session.overlay
+    put(ov, ME, ".gitignore", b"build/\n")
+    await log(session)
+    put(ov, Caller(9001, "aider"), ".aider.chat.history.md", b"# chat\n")
+    await log(session)
+    put(ov, Caller(9002, "aider"), "app.py", b"print(1)\n")
+    await log(session)
+    put(ov, Caller(9003, "make"), "build/app.o", b"\x7fELF")
+    put(ov, Caller(9003, "make"), "build/app", b"\x7fELF")
+    shown = (await log(session))["checkpoints"]
+    assert [(c["summary"], c.get("folded")) for c in shown] == [
+        ("added app.py", [4, 2]), ("added .gitignore", None), ("session start", None)]
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [c["id"] for c in everything] == [4, 3, 2, 1, 0]
