@@ -19,8 +19,9 @@ from overlayckpt.core.patch import stat_lines
 from overlayckpt.core.timeline import FileChange
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
-from overlayckpt.records import Checkpoint
+from overlayckpt.records import Checkpoint, u64
 from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.tables import CKPTS
 
 # A group of more paths than this is taken to have changed something (a build, an
 # install) without looking: one that changed many files back to what they were is rare,
@@ -91,6 +92,19 @@ def row_diff(tree: Tree, r: ReadTxn, before: Checkpoint, ck: Checkpoint,
         added += plus or 0
         removed += minus or 0
     return RowDiff(empty, added, removed, {c.path: c.change for c, _ in changed})
+
+
+def base_of(r: ReadTxn, ck: Checkpoint, before: Checkpoint) -> Checkpoint:
+    """The checkpoint ck's changes are compared with: the newest one at or before its
+    group began. That is the one before it, unless commands wrote at once: then groups
+    that closed while ck's was open are passed over (their state already holds some of
+    ck's changes). Steps back once per such group."""
+    while before.seq > ck.start_seq and before.id > 0:
+        raw = r.get(CKPTS, u64(before.id - 1))
+        if raw is None:
+            break
+        before = Checkpoint.unpack(before.id - 1, raw)
+    return before
 
 
 def _change(path: str, a: Seen, b: Seen) -> tuple[FileChange, bool]:

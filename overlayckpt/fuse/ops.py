@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import stat
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ class Comms:
         self._cache: OrderedDict[int, Caller] = OrderedDict()
         me = _stat(os.getpid())
         self._mounted = me.started if me else 0
+        self._runs: dict[int, tuple[bool, float]] = {}  # pid -> (it runs, when asked)
 
     def caller(self, tid: int) -> Caller:
         found = self._cache.get(tid)
@@ -129,10 +131,45 @@ class Comms:
         found = _process_of(tid)
         if found.comm != "?":  # a failed look is not kept: the number may come back alive
             found = _command_of(found, self._mounted)
+            found.above, found.running = _above(found.pid), self.runs
             self._cache[tid] = found
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return found
+
+
+    def runs(self, pid: int) -> bool:
+        """Whether process pid still runs (not exited, not a zombie), asked of /proc at
+        most once per RUNS_FOR seconds: with commands writing at once, every write asks
+        it of each other command's open group."""
+        now = time.monotonic()
+        known = self._runs.get(pid)
+        if known is not None and now - known[1] < RUNS_FOR:
+            return known[0]
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read(512)
+            alive = raw[raw.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+        except (OSError, ValueError):
+            alive = False
+        if len(self._runs) > self._size:
+            self._runs.clear()
+        self._runs[pid] = alive, now
+        return alive
+
+
+# how long Comms.runs trusts what /proc said
+RUNS_FOR = 0.05
+
+
+def _above(pid: int) -> tuple[int, ...]:
+    """The processes pid runs under, its parent first (up to init, at most 64)."""
+    out: list[int] = []
+    me = _stat(pid)
+    while me is not None and me.parent > 1 and len(out) < 64:
+        out.append(me.parent)
+        me = _stat(me.parent)
+    return tuple(out)
 
 
 def _process_of(tid: int) -> Caller:

@@ -137,7 +137,8 @@ def _by_content(s: Session, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
     """Whether ck changed anything, the lines it added and removed, and each file's A/M/D
     from the trees themselves (the journal's "R" of a rename over a new name is an A):
     bounded per row (rowdiff), cached: a checkpoint never changes."""
-    from overlayckpt.core.rowdiff import row_diff
+    from overlayckpt.core.rowdiff import base_of, row_diff
+    prev = base_of(r, ck, prev)
     key = (prev.id, ck.id, everything)  # (with or without git's internals)
     found = s.line_counts.get(key)
     if found is None:
