@@ -135,3 +135,67 @@ def test_a_make_and_a_shell_loop_are_one_checkpoint_each(tmp_path: Path, mount_f
         (agent, "modified f1.c"),
     ]
     assert (m.mnt / "prog").exists() and (m.mnt / "t9.txt").read_text() == "baa 9\n"
+
+
+# A SQLite database in WAL mode, as Aider's repo-map cache and many tools keep one: its
+# -shm file is written through a shared mmap, which reaches the daemon as page writeback
+# (no process).
+SQLITE_WAL = r"""
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("CREATE TABLE t (x)")
+for i in range(3):
+    db.execute("INSERT INTO t VALUES (?)", (i,))
+db.close()
+"""
+
+
+def test_a_sqlite_wal_script_is_one_checkpoint_named_after_its_process(tmp_path: Path,
+                                                                        mount_factory) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("hi\n")
+    m = mount_factory(repo, "--window", "600")  # groups end only where another writer writes
+    subprocess.run([sys.executable, "-c", SQLITE_WAL, str(m.mnt / "t.db")], check=True, timeout=60)
+    new = checkpoints_after(m, 0)
+    assert len(new) == 1, [(c["process"]["comm"], c["summary"]) for c in new]
+    assert new[0]["process"]["comm"].startswith("python")
+    assert {f["path"] for f in new[0]["files"]} == {"t.db"}
+
+
+# A command that writes its first file, waits at a fifo until every command has written
+# its first, then writes the rest: the commands' writes are certain to interleave.
+WRITER = 'echo 0 > "$1_0.txt"; read go < "$2"; for i in 1 2 3 4 5 6 7 8 9; do echo $i > "$1_$i.txt"; done'
+# one command whose children write at once (as make -j2 runs its compilers)
+PARENT = ('echo 0 > "$1_0.txt"; read go < "$2"; '
+          'for i in 1 2 3; do (for j in 1 2 3; do echo $j > "$1_$i$j.txt"; done) & done; wait')
+
+
+def test_independent_commands_at_once_are_a_checkpoint_each(tmp_path: Path, mount_factory) -> None:
+    """Issue 34: 40 processes writing at once became one checkpoint (or, told apart, one
+    per switch). Commands in sessions of their own are a checkpoint each, however their
+    writes interleave; one command's children stay its one."""
+    from conftest import wait_for
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("hi\n")
+    m = mount_factory(repo, "--window", "600")
+    names = ["a", "b", "c", "p"]
+    fifos = []
+    for name in names:
+        fifos.append(tmp_path / f"go-{name}")
+        os.mkfifo(fifos[-1])
+    procs = [subprocess.Popen(["setsid", "bash", "-c", PARENT if name == "p" else WRITER, "cmd",
+                               name, str(fifo)], cwd=m.mnt)
+             for name, fifo in zip(names, fifos)]
+    wait_for(lambda: all((m.mnt / f"{name}_0.txt").exists() for name in names), "first files")
+    for fifo in fifos:
+        fifo.write_text("go\n")
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    new = checkpoints_after(m, 0)
+    by_writer = sorted("".join(sorted({f["path"][0] for f in c["files"]})) for c in new)
+    assert by_writer == ["a", "b", "c", "p"], [
+        (c["id"], c["process"], c["files_total"], sorted(f["path"] for f in c["files"])) for c in new]
+    assert all(c["files_total"] == 10 for c in new)  # (p: its own file and its children's 9)

@@ -59,6 +59,9 @@ def cmd_log(args: argparse.Namespace) -> int:
             name = f" [{line_text(c['name'])}]" if c["name"] else ""
             proc = line_text(c["process"]["comm"] or "-")
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
+            if c.get("folded"):  # bookkeeping checkpoints of ignored files (log --all)
+                n = len(c["folded"])
+                delta += f" (+{n} bookkeeping checkpoint{'s' if n > 1 else ''}: {', '.join(map(str, c['folded']))})"
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
                          f"{line_text(c['summary'])}" + (f"\n       {files}{delta}" if files else ""))
         if r.get("more"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from overlayckpt.errors import UserError
@@ -132,8 +133,8 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     so it is the summary of the checkpoint its turn ended in when no tool call is,
     never of whatever changes next.
     """
-    last_word = _last_word_after(r, head, seq)
-    for key, entry in reversed(chain(r, head)):
+    last_word = _last_word_after(r, head, start_seq, seq)
+    for entry in _back_from(r, head):
         line_seq = entry["_seq"]
         if line_seq > seq:
             continue
@@ -156,16 +157,33 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     return last_word
 
 
-def _last_word_after(r: ReadTxn, head: int, seq: int) -> str | None:
+def _back_from(r: ReadTxn, head: int) -> Iterator[dict[str, Any]]:
+    """The branch ending at head, newest first, read only as far as the caller goes (a
+    log row looks at the lines of its own group, not the whole conversation)."""
+    key = head
+    while key:
+        raw = r.get(CONV, u64(key))
+        if raw is None:
+            return
+        entry: dict[str, Any] = unpack_obj(raw)  # type: ignore[assignment]
+        yield entry
+        key = entry["_prev"]
+
+
+def _last_word_after(r: ReadTxn, head: int, start_seq: int, seq: int) -> str | None:
     """A turn's final message logged after a checkpoint's last change (so past its
     conversation head) but before the checkpoint closed: the lines that follow head on
-    its branch with _seq <= seq."""
+    its branch with start_seq < _seq <= seq. Lines from before the group began are not
+    its own: after a restore --both they are the abandoned branch, which chains from the
+    very head the restore moved back to (issue 34)."""
     word = None
     tip = head
     for k, v in r.range_from(CONV, u64(head + 1)):
         entry = unpack_obj(v)
         if entry["_seq"] > seq:  # type: ignore[index, operator]
             break  # keys and seqs grow together: no later line is earlier
+        if entry["_seq"] <= start_seq:  # type: ignore[index, operator]
+            continue  # logged before this group's first change: another branch's
         if entry["_prev"] != tip:  # type: ignore[index]
             continue  # another branch
         tip = from_u64(k)

@@ -23,7 +23,8 @@ from overlayckpt.records import (
     Checkpoint, JournalRecord, from_u64, pack_obj, path_cut, path_key, u64, unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.tables import GROUPFILES, GROUPFILES_KEY, JOURNAL, META
+from overlayckpt.core.groups import open_group_spans
+from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
 GONE = "gone"
 _COUNTS = b"\0"  # after the group's seq: the key of its counts row
@@ -210,10 +211,43 @@ class Expected:
         return out
 
 
+class Starts:
+    """The start of the group each journal record is in, asked in journal order.
+
+    Groups end at checkpoints, and most are the records between two; but independent
+    commands at once make groups open together (journal.append), told apart by the
+    command's pid that every record and checkpoint carries. A record in no group's span
+    (thinned, salvaged) is in the one its boundary begins (`fallback`)."""
+
+    def __init__(self, r: ReadTxn) -> None:
+        spans = [(c.start_seq, c.seq, c.pid) for c in
+                 (Checkpoint.unpack(from_u64(k), v) for k, v in r.range_from(CKPTS))
+                 if c.start_seq < c.seq]
+        spans += [(start, 1 << 63, pid) for start, pid in open_group_spans(r)]
+        spans.sort()
+        self._spans = spans
+        self._next = 0
+        self._active: list[tuple[int, int, int]] = []
+
+    def of(self, rec: JournalRecord, fallback: int) -> int:
+        while self._next < len(self._spans) and self._spans[self._next][0] <= rec.seq:
+            self._active.append(self._spans[self._next])
+            self._next += 1
+        self._active = [s for s in self._active if s[1] > rec.seq]
+        if not self._active:
+            return fallback
+        if len(self._active) > 1:
+            for start, _, pid in self._active:
+                if pid == rec.pid:
+                    return start
+        return self._active[-1][0]
+
+
 def expected(r: ReadTxn) -> dict[bytes, bytes]:
     out = Expected()
+    starts = Starts(r)
     for start, rec in history.grouped_records(r, JournalRecord.unpack_head):
-        out.add(start, rec)
+        out.add(starts.of(rec, start), rec)
     return out.rows()
 
 

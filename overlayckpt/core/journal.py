@@ -13,15 +13,18 @@ the next one.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from overlayckpt.core import groupfiles, history
+from overlayckpt.core.groups import open_groups as _open_groups, put_groups as _put_groups
 from overlayckpt.records import (
-    FIRST_UPPER_INO, Checkpoint, JournalRecord, from_u64, pack_obj, u64, unpack_obj,
+    FIRST_UPPER_INO, Checkpoint, JournalRecord, from_u64, u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    CKPTS, CONV_HEAD_KEY, GROUP_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, NEXT_INO_KEY, SEQ_KEY,
+    CKPTS, CONV_HEAD_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, NEXT_INO_KEY, SEQ_KEY,
 )
 
 
@@ -31,8 +34,17 @@ CALL_KEY = b"tool_call"  # in META while an agent's tool call runs (see hold_for
 
 @dataclass(slots=True)
 class Caller:
+    """The command an operation is journaled under (pid: its root process's).
+
+    above: the processes the command runs under (its parent, theirs...); running: says
+    whether a command's pid still runs. Given both (the FUSE adapter gives them), a
+    group that another command's write finds open stays open while its own command
+    still runs and neither command runs under the other: independent commands at once
+    are a checkpoint each, not one per switch (issue 34)."""
     pid: int
     comm: str
+    above: tuple[int, ...] = field(default=(), compare=False)
+    running: Callable[[int], bool] | None = field(default=None, compare=False)
 
 
 def now_ns() -> int:
@@ -46,42 +58,62 @@ def next_seq(r: ReadTxn) -> int:
 def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
            changes: tuple[str, ...], undo: list[tuple[int, bytes, bytes | None]],
            window: float) -> int:
-    """Journal one operation and extend or close the open group. Returns its seq."""
+    """Journal one operation and extend or close the open groups. Returns its seq.
+
+    Several groups may be open at once (Caller): each closes when its command is found
+    idle for `window` or done (another command wrote and it no longer runs, or runs
+    above or below that one), always at the current position, so every checkpoint is
+    where a group closed and the history index's boundary (the newest checkpoint) is
+    all it needs."""
     t = now_ns()
     seq = next_seq(w)
-    group = _open_group(w)
-    if group is not None:
-        start, pid, last, head = group
-        ends = pid != caller.pid or t - last > window * 1e9
-        if window <= 0 or ends and w.get(META, CALL_KEY) is None:  # (held while a call runs)
-            _close_group(w, seq, start, last, pid, head)
-            group = None
-    start = seq if group is None else group[0]
+    boundary, groups = _open_groups(w)
+    held = w.get(META, CALL_KEY) is not None  # (while a call runs its group takes all)
+    mine: list[Any] | None = None
+    kept: list[list[Any]] = []
+    for g in groups:
+        start, pid, last, head, above = g
+        idle = t - last > window * 1e9
+        if window <= 0:
+            pass  # every operation is a checkpoint of its own
+        elif held and mine is None or not held and pid == caller.pid and not idle:
+            mine = g
+            continue
+        elif held or not idle and _concurrent(caller, pid, above):
+            kept.append(g)  # (while a call runs, groups from before it are left as they are)
+            continue
+        _close_group(w, seq, start, last, pid, head)
+        boundary = seq
+    if not groups:
+        boundary = seq
+    start = seq if mine is None else mine[0]
     rec = JournalRecord(seq, t, caller.pid, caller.comm, op, paths, changes, tuple(undo))
     w.put(JOURNAL, u64(seq), rec.pack(), append=True)
-    history.record(w, start, seq, undo)
+    history.record(w, boundary, seq, undo)
     groupfiles.record(w, start, paths, changes)
     w.set_meta_int(SEQ_KEY, seq + 1)
     # the conversation as it was at the group's latest change: what the agent said
     # after it (the call's result, the next call) is not part of this checkpoint
     head = w.meta_int(CONV_HEAD_KEY, 0)
-    w.put(META, GROUP_KEY, pack_obj([start, caller.pid, t, head]))
-    if window <= 0:
+    if window <= 0:  # (every group closed above)
         _close_group(w, seq + 1, start, t, caller.pid, head)
+        _put_groups(w, seq + 1, [])
+        return seq
+    kept.append([start, caller.pid, t, head, list(caller.above)])
+    _put_groups(w, boundary, kept)
     return seq
 
 
-def _open_group(r: ReadTxn) -> tuple[int, int, int, int | None] | None:
-    raw = r.get(META, GROUP_KEY)
-    if raw is None:
-        return None
-    start, pid, last, *head = unpack_obj(raw)  # type: ignore[misc]
-    return start, pid, last, head[0] if head else None  # stores before the head was kept
+def _concurrent(caller: Caller, pid: int, above: list[int]) -> bool:
+    """Whether the open group of command pid (running under `above`) is another command
+    that runs at the same time as caller's, not one that ended or that caller's runs
+    under (an agent and the command it started) or that runs under caller's."""
+    return (caller.running is not None and pid != caller.pid and pid not in caller.above
+            and caller.pid not in above and caller.running(pid))
 
 
 def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
                  conv_head: int | None) -> Checkpoint:
-    w.delete(META, GROUP_KEY)
     first = w.get(JOURNAL, u64(start))
     comm = JournalRecord.unpack_head(start, first).comm if first else ""
     return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
@@ -89,11 +121,13 @@ def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
 
 
 def close_open_group(w: WriteTxn) -> None:
-    """Turn the pending group (if any) into a checkpoint, e.g. before a restore."""
-    group = _open_group(w)
-    if group is not None:
-        start, pid, last, head = group
-        _close_group(w, next_seq(w), start, last, pid, head)
+    """Turn the pending groups (if any) into checkpoints, e.g. before a restore (the
+    oldest first)."""
+    _, groups = _open_groups(w)
+    if groups:
+        _put_groups(w, 0, [])
+        for start, pid, last, head, _ in sorted(groups, key=lambda g: g[0]):
+            _close_group(w, next_seq(w), start, last, pid, head)
 
 
 def hold_for_call(w: WriteTxn, running: bool) -> None:

@@ -154,10 +154,10 @@ def _fork_loop(r: ReadTxn) -> list[str]:
 def _history_problems(r: ReadTxn) -> list[str]:
     """Where the history index or the file rows disagree with the journal (missing ones
     are rebuilt at open)."""
-    index, rows = history.Expected(), groupfiles.Expected()
+    index, rows, starts = history.Expected(), groupfiles.Expected(), groupfiles.Starts(r)
     for start, rec in history.grouped_records(r, JournalRecord.unpack):  # (one pass for both)
         index.add(start, rec)
-        rows.add(start, rec)
+        rows.add(starts.of(rec, start), rec)
     expected = index.tables if history.is_built(r) else {}
     if groupfiles.is_built(r):
         expected[GROUPFILES] = rows.rows()

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import stat
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ KERNEL_HANDLE = 1 << 63
 # its snapshot's number (high 31 bits) and the index (low 32 bits), so a listing read
 # in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
-# Page writeback (mmap) carries no process: its writes are journalled as this one.
+# Page writeback (mmap) carries no process: its writes are journalled under the file's
+# last writer (Writers), or as this one when it has none.
 WRITEBACK = Caller(0, "writeback")
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
@@ -79,6 +81,30 @@ class Handle:
     control: Any = None  # a control-file handle for control inodes
 
 
+class Writers:
+    """Inode -> the caller that last created, truncated or wrote it (the newest `size`).
+
+    Page writeback of a shared mmap (SQLite's -shm in WAL mode) reaches us with no
+    process; journalled as a writer of its own, it split its writer's group in three
+    (issue 34). The process that dirtied the pages is the one that opened, sized or
+    wrote the file: SQLite sizes its -shm with ftruncate and write before mapping it.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._last: OrderedDict[int, Caller] = OrderedDict()
+
+    def wrote(self, ino: int, caller: Caller) -> None:
+        if self._last.get(ino) is not caller:
+            self._last[ino] = caller
+            self._last.move_to_end(ino)
+            if len(self._last) > self._size:
+                self._last.popitem(last=False)
+
+    def of(self, ino: int) -> Caller:
+        return self._last.get(ino, WRITEBACK)
+
+
 class Comms:
     """Thread id -> Caller, for the journal (a write request carries no pid).
 
@@ -95,6 +121,7 @@ class Comms:
         self._cache: OrderedDict[int, Caller] = OrderedDict()
         me = _stat(os.getpid())
         self._mounted = me.started if me else 0
+        self._runs: dict[int, tuple[bool, float]] = {}  # pid -> (it runs, when asked)
 
     def caller(self, tid: int) -> Caller:
         found = self._cache.get(tid)
@@ -104,10 +131,45 @@ class Comms:
         found = _process_of(tid)
         if found.comm != "?":  # a failed look is not kept: the number may come back alive
             found = _command_of(found, self._mounted)
+            found.above, found.running = _above(found.pid), self.runs
             self._cache[tid] = found
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return found
+
+
+    def runs(self, pid: int) -> bool:
+        """Whether process pid still runs (not exited, not a zombie), asked of /proc at
+        most once per RUNS_FOR seconds: with commands writing at once, every write asks
+        it of each other command's open group."""
+        now = time.monotonic()
+        known = self._runs.get(pid)
+        if known is not None and now - known[1] < RUNS_FOR:
+            return known[0]
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read(512)
+            alive = raw[raw.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+        except (OSError, ValueError):
+            alive = False
+        if len(self._runs) > self._size:
+            self._runs.clear()
+        self._runs[pid] = alive, now
+        return alive
+
+
+# how long Comms.runs trusts what /proc said
+RUNS_FOR = 0.05
+
+
+def _above(pid: int) -> tuple[int, ...]:
+    """The processes pid runs under, its parent first (up to init, at most 64)."""
+    out: list[int] = []
+    me = _stat(pid)
+    while me is not None and me.parent > 1 and len(out) < 64:
+        out.append(me.parent)
+        me = _stat(me.parent)
+    return tuple(out)
 
 
 def _process_of(tid: int) -> Caller:
@@ -203,6 +265,7 @@ class Operations(pyfuse3.Operations):
         self.ov = overlay
         self.ctl = control
         self.comms = Comms()
+        self.writers = Writers()
         self.handles: dict[int, Handle] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
         self._next_snapshot = 0
@@ -301,6 +364,8 @@ class Operations(pyfuse3.Operations):
         if inode >= CONTROL_INO_BASE:
             return await self.ctl.setattr(inode)
         caller = self.handles[fh].caller if fh in self.handles else self._caller(ctx)
+        if fields.update_size:
+            self.writers.wrote(inode, caller)
         node = self.ov.setattr(
             caller, inode,
             mode=attr.st_mode if fields.update_mode else None,
@@ -327,7 +392,9 @@ class Operations(pyfuse3.Operations):
     def _create(self, parent: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext,
                 rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         self._no_control(parent)
-        made = self.ov.create(self._caller(ctx), parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        caller = self._caller(ctx)
+        made = self.ov.create(caller, parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+        self.writers.wrote(made[0], caller)
         self._changed_dirs(parent)
         return made
 
@@ -400,7 +467,9 @@ class Operations(pyfuse3.Operations):
             # the kernel passes O_TRUNC on to us; ignoring it would keep the old data
             node = self.ov.live(lambda r: self.ov.node(r, inode))
             if node.is_reg and node.size:
-                self.ov.setattr(self._caller(ctx), inode, size=0)
+                caller = self._caller(ctx)
+                self.writers.wrote(inode, caller)
+                self.ov.setattr(caller, inode, size=0)
         return pyfuse3.FileInfo(fh=self._file_handle(inode, ctx), keep_cache=True)
 
     @translate_errors
@@ -419,11 +488,16 @@ class Operations(pyfuse3.Operations):
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
             pid, logged = kcache.request_pid(), kcache.request_logged()
-            caller = self.comms.caller(pid) if pid else WRITEBACK
+            ino = fh ^ KERNEL_HANDLE
+            if pid:
+                caller = self.comms.caller(pid)
+                self.writers.wrote(ino, caller)
+            else:  # page writeback: the file's last writer dirtied those pages
+                caller = self.writers.of(ino)
             if logged is not None:
-                return await self._write_behind(caller, fh ^ KERNEL_HANDLE, off, buf, logged)
+                return await self._write_behind(caller, ino, off, buf, logged)
             await self._keep_up()
-            return self.ov.write(caller, fh ^ KERNEL_HANDLE, off, buf)
+            return self.ov.write(caller, ino, off, buf)
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)

@@ -16,6 +16,7 @@ from overlayckpt.errors import FsError, UserError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core import groupfiles
+from overlayckpt.core.ignore import Ignored
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.records import Checkpoint
@@ -55,11 +56,6 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
 
 
-# Lines added and removed cost a diff per checkpoint (cached: a checkpoint never changes).
-# One log counts the files of at most LINE_COUNT_FILES, and computes new counts for at
-# most LINE_COUNT_SECONDS: the rest show none this time, and fill in on later calls.
-LINE_COUNT_FILES = 100
-LINE_COUNT_SECONDS = 0.05
 # files listed per entry ("files_total" counts them all): a reply stays small however
 # many files a checkpoint changed (diff --stat lists them all)
 LOG_FILES = 200
@@ -68,15 +64,11 @@ LOG_FILES = 200
 @command("log")
 async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     """Newest first. Without "all": git's internals are left out of each entry's files and
-    checkpoints without net changes are left out; "more" says whether "limit" cut the list."""
+    checkpoints that changed nothing are left out; "more" says whether "limit" cut the list."""
     limit = cmd.get("limit", 0)
     if not isinstance(limit, int) or limit < 0:
         raise UserError('"limit" must be a non-negative integer')
     _opt_str(cmd, "file")
-    # lines added/removed cost a diff each: only for the newest entries
-    counted = cmd.get("lines", 20)
-    if not isinstance(counted, int) or counted < 0:
-        raise UserError('"lines" must be a non-negative integer')
     Timeline(s.ctx).seal()
     from overlayckpt.store.lmdbstore import parent_of
     parent = s.store.read(parent_of)
@@ -87,14 +79,14 @@ async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 @reading("log")
 def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     tl = Timeline(s.ctx)
-    limit, file, counted = cmd.get("limit", 0), cmd.get("file"), cmd.get("lines", 20)
+    limit, file = cmd.get("limit", 0), cmd.get("file")
     everything = bool(cmd.get("all"))
 
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
-        budget = LINE_COUNT_FILES  # a checkpoint of 20,000 new files is not diffed for a log
-        until = time.monotonic() + LINE_COUNT_SECONDS
         files_at = Files(s.overlay, r)
+        ignored = None if everything else Ignored.of(s.overlay, r)
+        folded: list[int] = []  # bookkeeping rows newer than any row shown yet
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -103,34 +95,61 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
                 ck = before
                 continue
             entry = checkpoint_entry(r, ck, files_at, LOG_FILES, everything)
+            if before is not None and not entry["files_pending"]:
+                _by_content(s, r, before, ck, entry, everything)
             if entry["empty"] and not everything:
+                ck = before
+                continue
+            if ignored is not None and file is None and _bookkeeping(r, ck, ignored):
+                # folded into the row after it (the newer), or the one before if it is the newest
+                (out[-1].setdefault("folded", []) if out else folded).append(ck.id)
                 ck = before
                 continue
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
-            if (len(out) < counted and before is not None and entry["files"]
-                    and len(entry["files"]) <= budget
-                    and ((before.id, ck.id, everything) in s.line_counts
-                         or time.monotonic() < until)):
-                budget -= len(entry["files"])
-                _exact_changes(s, tl, r, before, ck, entry, everything)
+            if folded:
+                entry["folded"], folded = folded, []
             out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
     return store.read(fn)
 
 
-def _exact_changes(s: Session, tl: Timeline, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
-                   entry: dict[str, Any], everything: bool) -> None:
-    """Lines added and removed, and each file's A/M/D from the trees themselves (the
-    journal's "R" of a rename over a new name is an A), cached: a checkpoint never changes."""
+# A group of more paths than this is not looked at for bookkeeping: it is shown.
+BOOKKEEPING_PATHS = 1024
+
+
+def _bookkeeping(r: ReadTxn, ck: Checkpoint, ignored: Ignored) -> bool:
+    """Whether ck is an automatic checkpoint whose every path is ignored (by the repo's
+    rules or as an agent's own file): read as far as its first path that is not."""
+    if ck.kind != "auto":
+        return False
+    n = 0
+    for path, _ in groupfiles.rows(r, ck):
+        n += 1
+        # (a row does not say whether it is a directory: an ignored one is made with its files)
+        if n > BOOKKEEPING_PATHS or is_internal(path) or not ignored(path, maybe_dir=True):
+            return False
+    return n > 0
+
+
+def _by_content(s: Session, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
+                entry: dict[str, Any], everything: bool) -> None:
+    """Whether ck changed anything, the lines it added and removed, and each file's A/M/D
+    from the trees themselves (the journal's "R" of a rename over a new name is an A):
+    bounded per row (rowdiff), cached: a checkpoint never changes."""
+    from overlayckpt.core.rowdiff import base_of, row_diff
+    prev = base_of(r, ck, prev)
     key = (prev.id, ck.id, everything)  # (with or without git's internals)
-    if key not in s.line_counts:
-        counts = stat_lines(tl.changes(r, prev, ck, [f["path"] for f in entry["files"]]))
-        s.line_counts[key] = (sum(c[2] or 0 for c in counts), sum(c[3] or 0 for c in counts),
-                              {c[0]: c[1] for c in counts})
-    entry["added"], entry["removed"], exact = s.line_counts[key]
-    entry["files"] = [{**f, "change": exact.get(f["path"], f["change"])} for f in entry["files"]]
+    found = s.line_counts.get(key)
+    if found is None:
+        found = s.line_counts[key] = row_diff(s.overlay, r, prev, ck,
+                                              [f["path"] for f in entry["files"]])
+    if found.empty and ck.kind == "auto":
+        entry["empty"] = True
+    entry["added"], entry["removed"] = found.added, found.removed
+    entry["files"] = [{**f, "change": found.changes.get(f["path"], f["change"])}
+                      for f in entry["files"]]
 
 
 @command("restore", sync_soon=True)

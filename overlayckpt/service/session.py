@@ -58,7 +58,7 @@ class Session:
         # served to a sandboxed agent (run --private): what reaches outside is refused;
         # set by the daemon's own command line, never by anything the agent controls
         self.sandboxed = sandboxed
-        self.line_counts: dict[tuple[int, int, bool], tuple[int, int, dict[str, str]]] = {}  # see commands.log
+        self.line_counts: dict[tuple[int, int, bool], Any] = {}  # commands._by_content's
         # thin and gc one at a time: each plans in a snapshot, then writes what still holds
         self._maintenance = trio.Lock()
         self.kernel_status = kernel_status

@@ -57,3 +57,38 @@ def test_without_hooks_a_process_switch_still_ends_a_group(session: Session) -> 
     ov.write(ME, ino(ov, "README.md"), 0, b"1")
     ov.write(OTHER, ino(ov, "README.md"), 0, b"2")
     assert len(autos(session)) == 2
+
+
+def test_commands_writing_at_once_are_a_checkpoint_each(session: Session) -> None:
+    """Issue 34: a group another command's write finds open stays open while its command
+    runs (and neither runs under the other); it closes where it is found done. Each
+    checkpoint's state is the tree at its close, the history index exact at every one
+    (fsck at teardown checks the index and the file rows against the journal)."""
+    from overlayckpt.core.journal import Caller
+    from overlayckpt.core.history import AtCheckpoint
+    from .helpers_core import content, put
+    running = {5001, 5002}
+    a = Caller(5001, "a", (1,), running.__contains__)
+    b = Caller(5002, "b", (1,), running.__contains__)
+    ov = session.overlay
+    put(ov, a, "f.txt", b"a1")
+    put(ov, b, "g.txt", b"b1")
+    put(ov, a, "f.txt", b"a2")
+    running.discard(5001)  # a is done: b's next write closes its group
+    put(ov, b, "g.txt", b"b2")
+    put(ov, b, "f.txt", b"b3")
+    cks = autos(session)
+    assert [(c.comm, sorted(f["path"] for f in files(session, c))) for c in cks] == [
+        ("a", ["f.txt"]), ("b", ["f.txt", "g.txt"])]
+
+    def at(ck: Any, path: str) -> bytes:
+        return ov.live(lambda r: ov.read_all(AtCheckpoint(r, ck.seq),
+                                             ov.resolve(AtCheckpoint(r, ck.seq), path)))
+    assert (at(cks[0], "f.txt"), at(cks[0], "g.txt")) == (b"a2", b"b1")
+    assert (at(cks[1], "f.txt"), at(cks[1], "g.txt")) == (b"b3", b"b2")
+    assert content(ov, "g.txt") == b"b2"
+
+
+def files(s: Session, ck: Any) -> list[dict[str, str]]:
+    from overlayckpt.core import groupfiles
+    return s.store.read(lambda r: groupfiles.files(r, ck))

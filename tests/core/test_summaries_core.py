@@ -4,8 +4,11 @@ with the real git in a mount is tests/test_git_timeline.py."""
 from __future__ import annotations
 
 
+import json
+
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.groupfiles import GONE, fold
+from overlayckpt.core.ignore import AGENT_RULES, Ignored
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import ROOT_INO
@@ -156,3 +159,100 @@ async def test_an_entry_of_many_files_reads_its_first_rows_and_shows_what_all_of
     for path, listed in (("zz/late.txt", True), ("tmp.txt", False), (".git/objects/01", True)):
         found = [e["id"] for e in (await log(session, file=path))["checkpoints"]]
         assert (1 in found) == listed, path
+
+
+def _line(s: Session, **obj: object) -> None:
+    s.conversation_append(json.dumps({"content": "", **obj}).encode())
+
+
+async def test_after_a_restore_summaries_come_from_the_live_branch_only(session: Session) -> None:
+    """Issue 34: the lines a restore --both abandoned chain from the head it moved back
+    to; the next checkpoint's summary must not be taken from them."""
+    ov = session.overlay
+    put(ov, GIT, ".git/index", b"DIRC")
+    _line(session, role="user", content="edit the readme")
+    await log(session)
+    before = (await log(session, all=True))["checkpoints"][0]["id"]
+    _line(session, role="assistant", tool="Edit", event="PreToolUse", content="README.md")
+    put(ov, ME, "README.md", b"step 0\n")
+    _line(session, role="tool", event="PostToolUse", content="ok")
+    _line(session, role="assistant", event="Stop", content="Step 0.")
+    assert (await log(session))["checkpoints"][0]["summary"] == "Edit: README.md"
+    await session.command({"cmd": "restore", "id": before, "what": "both"})
+    put(ov, GIT, ".git/index", b"DIRC refreshed")
+    newest = (await log(session, all=True))["checkpoints"][0]
+    assert newest["summary"] == "git: index updated"
+    # a turn on the live branch after the restore still names its checkpoint
+    put(ov, ME, "notes.txt", b"new\n")
+    _line(session, role="assistant", event="Stop", content="Wrote the notes.")
+    assert (await log(session))["checkpoints"][0]["summary"] == "Wrote the notes."
+
+
+async def test_checkpoints_that_change_no_content_are_hidden_unless_all(session: Session) -> None:
+    """Issue 34: a `touch` (mtime only), a file rewritten with the same bytes, a temp file
+    made and removed, and a git index rewritten as it was are each a checkpoint of their
+    own, listed only with all (and marked empty); a chmod is a change."""
+    ov = session.overlay
+    put(ov, GIT, ".git/index", b"DIRC same")
+    await log(session)
+    readme = ino(ov, "README.md")
+    ov.setattr(Caller(7001, "touch"), readme, mtime_ns=123_000_000_000)
+    await log(session)
+    put(ov, Caller(7002, "cp"), "README.md", ov.live(lambda r: ov.read_all(r, readme)))
+    await log(session)
+    put(ov, Caller(7003, "git"), ".git/index", b"DIRC same")
+    await log(session)
+    put(ov, Caller(7004, "agent"), "t.tmp", b"x")
+    ov.remove(Caller(7004, "agent"), ROOT_INO, b"t.tmp", False)
+    await log(session)
+    ov.setattr(Caller(7005, "chmod"), ino(ov, "run.sh"), mode=0o100700)
+    put(ov, Caller(7006, "sed"), "README.md", b"one\ntwo\n")
+    shown = (await log(session))["checkpoints"]
+    assert [c["process"]["comm"] for c in shown] == ["sed", "chmod", "git", ""]
+    assert not any(c["empty"] for c in shown)
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [(c["process"]["comm"], c["empty"]) for c in everything] == [
+        ("sed", False), ("chmod", False), ("agent", True), ("git", True), ("cp", True),
+        ("touch", True), ("git", False), ("", False)]
+
+
+async def test_every_listed_row_counts_its_lines(session: Session) -> None:
+    ov = session.overlay
+    for i in range(30):
+        put(ov, Caller(8000 + i, "sed"), f"f{i}.txt", b"x\n" * (i + 1))
+    put(ov, Caller(8100, "sed"), "f0.txt", b"y\nx\n")
+    rows = (await log(session, limit=40))["checkpoints"]
+    assert len(rows) == 32
+    assert (rows[0]["added"], rows[0]["removed"]) == (1, 0)
+    assert [(c["added"], c["removed"]) for c in rows[1:31]] == [(i + 1, 0) for i in reversed(range(30))]
+    assert [f["change"] for f in rows[1]["files"]] == ["A"]
+
+
+def test_the_ignore_rules_follow_gitignore() -> None:
+    ignored = Ignored([*AGENT_RULES, "build/", "/top.txt", "*.log", "!keep.log", "docs/**/*.tmp",
+                       "# a comment", ""])
+    assert ignored("build/x.o") and ignored("src/build/y.o") and not ignored("build")
+    assert ignored("top.txt") and not ignored("src/top.txt")
+    assert ignored("a/b.log") and not ignored("a/keep.log")
+    assert ignored("docs/x.tmp") and ignored("docs/a/b/x.tmp") and not ignored("x.tmp")
+    assert ignored(".aider.chat.history.md") and ignored(".aider.tags.cache.v4/cache.db-wal")
+    assert ignored("pkg/__pycache__/m.cpython-311.pyc") and not ignored("src/app.py")
+
+
+async def test_bookkeeping_checkpoints_fold_into_their_neighbour(session: Session) -> None:
+    """Issue 34: a checkpoint whose every path the repo ignores (or is an agent's own file)
+    is no row of its own in the default log: the row after it lists its id."""
+    ov = session.overlay
+    put(ov, ME, ".gitignore", b"build/\n")
+    await log(session)
+    put(ov, Caller(9001, "aider"), ".aider.chat.history.md", b"# chat\n")
+    await log(session)
+    put(ov, Caller(9002, "aider"), "app.py", b"print(1)\n")
+    await log(session)
+    put(ov, Caller(9003, "make"), "build/app.o", b"\x7fELF")
+    put(ov, Caller(9003, "make"), "build/app", b"\x7fELF")
+    shown = (await log(session))["checkpoints"]
+    assert [(c["summary"], c.get("folded")) for c in shown] == [
+        ("added app.py", [4, 2]), ("added .gitignore", None), ("session start", None)]
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [c["id"] for c in everything] == [4, 3, 2, 1, 0]
