@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from overlayckpt.errors import UserError
+from overlayckpt.core.agents import MAX_HOOK_LINE, hook_line
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
@@ -24,13 +25,29 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
 
 
 
-def parse_line(line: bytes) -> dict[str, Any]:
-    if len(line) > MAX_LINE:
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """A conversation line as written to the sidecar, or an agent's hook event wrapped
+    as {"hook": AGENT, "event": EVENT} (core/agents.py: the hooks write events as they
+    came, and their lines are made here); None: a hook event that logs nothing."""
+    if len(line) > MAX_HOOK_LINE:
         raise UserError(f"conversation line longer than {MAX_LINE} bytes")
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"conversation line is not JSON: {e}") from None
+    except RecursionError:
+        raise UserError("conversation line is not JSON: nesting too deep") from None
+    if isinstance(obj, dict) and "hook" in obj and "role" not in obj:
+        try:
+            obj = hook_line(obj)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if obj is None:
+            return None
+        # the limit on the line itself, as when the hook wrote the line it made
+        line = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if len(line) > MAX_LINE:
+        raise UserError(f"conversation line longer than {MAX_LINE} bytes")
     if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
         raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
     return _whole_text(obj)  # type: ignore[no-any-return]
@@ -74,6 +91,8 @@ def starts_a_call(obj: dict[str, Any]) -> bool:
 
 def append_line(store: Store, line: bytes) -> None:
     obj = parse_line(line)
+    if obj is None:
+        return
     store.write(lambda w: append(w, obj))
 
 
