@@ -411,7 +411,14 @@ static int open_conversation(const char *named, const char *cwd)
     err = errno;
     close(ctl);
     if (fd < 0) { say("%s/.overlayckpt/conversation.jsonl: %s", m->where, strerror(err)); return -1; }
-    if (fstat(fd, &st) || st.st_dev != m->dev || !S_ISREG(st.st_mode)) { close(fd); return -1; }
+    /* The type and device the kernel knows without asking the daemon (a getattr of the
+       conversation costs it a pass over the whole history) */
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx)
+            || makedev(sx.stx_dev_major, sx.stx_dev_minor) != m->dev || !S_ISREG(sx.stx_mode)) {
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 

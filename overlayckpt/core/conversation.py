@@ -138,6 +138,30 @@ def live_text(store: Store) -> bytes:
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
 
+def live_text_after(store: Store, known: tuple[int, bytes] | None) -> tuple[int, bytes]:
+    """(head, live_text) from known, an earlier (head, text): lines are never changed, so
+    when the live branch grew from known's head only the lines since are read (a hook's
+    append, then the kernel's getattr of the file: O(1), not a pass over the history);
+    after a restore moved the head elsewhere, the branch is read whole."""
+    def read(r: ReadTxn) -> tuple[int, bytes]:
+        head = r.meta_int(CONV_HEAD_KEY, 0)
+        if known is not None and known[0] == head:
+            return known
+        new: list[tuple[int, dict[str, Any]]] = []
+        key = head
+        while key and (known is None or key != known[0]):
+            raw = r.get(CONV, u64(key))
+            if raw is None:
+                break
+            entry = unpack_obj(raw)
+            new.append((key, entry))  # type: ignore[arg-type]
+            key = entry["_prev"]  # type: ignore[index, assignment]
+        base = known[1] if known is not None and key == known[0] else b""
+        new.reverse()
+        return head, base + "".join(json.dumps(_public(k, e)) + "\n" for k, e in new).encode()
+    return store.read(read)
+
+
 def move_head(w: WriteTxn, head: int) -> None:
     w.set_meta_int(CONV_HEAD_KEY, head)
 

@@ -204,7 +204,8 @@ class ControlFs:
             # (interruptible: SIGUSR1 interrupts commands; to an older daemon it is fatal)
             status = {**self.session.status(), "interruptible": True}
             handle.snapshot = (json.dumps(status, indent=2) + "\n").encode()
-        elif ino == CONV_INO:
+        elif ino == CONV_INO and flags & os.O_ACCMODE != os.O_WRONLY:
+            # (not for a writer, a hook appending one line: the text is the whole history)
             handle.snapshot = self.session.conversation_text()
         return handle
 
