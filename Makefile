@@ -16,7 +16,7 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayckpt/fuse/csrc/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayckpt/fuse/csrc/*.h) overlayckpt/bin/hook.c
 	$(MAKE) deps
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

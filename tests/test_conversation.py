@@ -175,12 +175,16 @@ def test_a_turn_without_a_tool_call_is_summed_up_by_its_last_message(mounted: Mo
     assert got["notes.txt"] == "added notes.txt"
 
 
-def test_hook_never_breaks_the_agent(tmp_path: Path) -> None:
-    for stdin in ("{broken", json.dumps(EVENTS["PreToolUse"]), ""):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_hook_never_breaks_the_agent(tmp_path: Path, compiled: bool) -> None:
+    from overlayckpt.core.agent_settings import hook_program
+    command = [str(hook_program())] if compiled else CLI + ["hook"]
+    for stdin in ("{broken", json.dumps(EVENTS["PreToolUse"]), "", "[1]", "x" * (5 << 20)):
         start = time.monotonic()
-        proc = subprocess.run(CLI + ["hook", "claude-code"], input=stdin, text=True,
+        proc = subprocess.run(command + ["claude-code"], input=stdin, text=True,
                               capture_output=True, cwd=tmp_path, timeout=30)
-        assert proc.returncode == 0
+        assert proc.returncode == 0 and proc.stdout == ""
+        assert proc.stderr.count("\n") == (stdin != json.dumps(EVENTS["PreToolUse"])), proc.stderr
         assert time.monotonic() - start < 10
         assert "Traceback" not in proc.stderr
 
@@ -207,7 +211,7 @@ def test_install_hooks_keeps_existing_settings(tmp_path: Path) -> None:
     pre = got["hooks"]["PreToolUse"]
     assert pre[0] == mine["hooks"]["PreToolUse"][0] and len(pre) == 2
     for event in EVENTS:
-        assert sum("overlayckpt hook claude-code" in h["command"]
+        assert sum(h["command"].endswith("/overlayckpt-hook claude-code")
                    for e in got["hooks"][event] for h in e["hooks"]) == 1
     assert json.loads(local.read_text()) == {"permissions": {"allow": ["Read"]}}
     assert not (project / ".claude" / "settings.json").exists()

@@ -1,6 +1,8 @@
-"""Gemini CLI and Cursor hooks: their documented payloads, fed to the real hook entry point
-inside a real mount, become the conversation lines Claude Code's do; `install-hooks` merges
-our hooks and MCP server into each agent's user settings and takes them out again."""
+"""Gemini CLI and Cursor hooks: their documented payloads, fed to the real hooks (the
+compiled one install-hooks writes and `overlayckpt hook`) inside a real mount, become the
+conversation lines Claude Code's do, the same lines the Python hook made when it built them
+itself; `install-hooks` merges our hooks and MCP server into each agent's user settings and
+takes them out again."""
 from __future__ import annotations
 
 import asyncio
@@ -11,10 +13,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from conftest import CLI, Mount, conversation, run_cli, summaries
+from overlayckpt.core.agent_settings import hook_program
+from overlayckpt.core.agents import event_to_line
+from overlayckpt.core.conversation import parse_line
+
+HOOKS = {"compiled": [str(hook_program())], "python": CLI + ["hook"]}
+
+
+@pytest.fixture(params=list(HOOKS))
+def hook_cmd(request: pytest.FixtureRequest) -> list[str]:
+    """A hook command without its AGENT argument: the compiled one, and the Python one."""
+    assert hook_program(), "the compiled hook is not built: setup.py build_ext --inplace"
+    return HOOKS[request.param]
 
 
 def gemini_events(cwd: str) -> list[dict[str, Any]]:
@@ -51,20 +66,74 @@ def cursor_events(root: str) -> list[dict[str, Any]]:
     ]
 
 
-def hook(agent: str, event: dict[str, Any], cwd: Path) -> None:
-    proc = subprocess.run(CLI + ["hook", agent], input=json.dumps(event), text=True,
-                          capture_output=True, cwd=str(cwd), timeout=30)
+def claude_events(cwd: str) -> list[dict[str, Any]]:
+    """Claude Code's (and qwen-code's, Codex's) fields, with what strains a hook: a Write
+    of 2 MiB (the event over the daemon's 1 MiB line limit, the line made of it not), text
+    outside the BMP, a lone surrogate, a path with a space, Codex's apply_patch."""
+    base = {"session_id": "s1", "transcript_path": f"{cwd}/../t.jsonl", "cwd": cwd}
+    big = {"file_path": f"{cwd}/big file.txt", "content": "x" * (2 << 20)}
+    patch = "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/main.py\n@@\n-a\n+b\n*** End Patch\nEOF"
+    return [
+        dict(base, hook_event_name="UserPromptSubmit", prompt="fix it \U0001F600 and \ud83d that"),
+        dict(base, hook_event_name="PreToolUse", tool_name="Write", tool_use_id="toolu_1", tool_input=big),
+        dict(base, hook_event_name="PostToolUse", tool_name="Write", tool_use_id="toolu_1", tool_input=big,
+             tool_response={"success": True}),
+        dict(base, hook_event_name="PreToolUse", tool_name="Bash", tool_use_id="call_2",
+             tool_input={"command": patch}),
+        dict(base, hook_event_name="PostToolUseFailure", tool_name="Bash", tool_use_id="call_2",
+             tool_input={"command": "false"}, error="Exit code 1", is_interrupt=True),
+        dict(base, hook_event_name="SessionStart", source="startup"),  # logs nothing
+        dict(base, hook_event_name="Stop", stop_hook_active=False, last_assistant_message="Done.\nAll of it."),
+    ]
+
+
+def hook(agent: str, event: dict[str, Any], cwd: Path, command: list[str] | None = None,
+         text: str | None = None) -> None:
+    proc = subprocess.run((command or HOOKS["compiled"]) + [agent], input=text or json.dumps(event),
+                          text=True, capture_output=True, cwd=str(cwd), timeout=30)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert json.loads(proc.stdout) == {}  # both agents read a JSON answer: allow
+    if agent in ("gemini", "cursor"):
+        assert json.loads(proc.stdout) == {}  # both agents read a JSON answer: allow
+    else:
+        assert proc.stdout == ""  # Claude adds a hook's output to the model's context
 
 
-def test_gemini_events_are_the_conversation(mounted: Mount) -> None:
+def stored(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in x.items() if k not in ("line", "seq", "time")} for x in lines]
+
+
+def test_both_hooks_log_the_lines_the_python_hook_made(mounted: Mount) -> None:
+    """The same recorded events through the compiled hook and through `overlayckpt hook`
+    give the lines the Python hook wrote when it made them itself (event_to_line, then the
+    daemon's parse), whatever the agent; one event pretty-printed over many lines."""
+    cwd = str(mounted.mnt)
+    cases = [("claude-code", claude_events(cwd)), ("codex", claude_events(cwd)[3:]),
+             ("qwen", claude_events(cwd)), ("gemini", gemini_events(cwd)), ("cursor", cursor_events(cwd))]
+    expected = []
+    for agent, events in cases:
+        for event in events:
+            made = event_to_line(event, agent)
+            if made is not None:  # what the hook wrote, then what the daemon kept of it
+                expected.append(parse_line(json.dumps(made, ensure_ascii=False).encode("utf-8", "surrogatepass")))
+    for command in HOOKS.values():
+        for agent, events in cases:
+            for event in events:
+                hook(agent, event, mounted.mnt, command)
+    hook("claude-code", {}, mounted.mnt, HOOKS["compiled"], json.dumps(claude_events(cwd)[0], indent=2))
+    got = stored(conversation(mounted))
+    assert got[:len(expected)] == expected
+    assert got[len(expected):-1] == expected
+    assert got[-1] == expected[0]
+    assert len(got[1]["content"]) < 400 and got[1]["summary"] == "Write big file.txt"
+
+
+def test_gemini_events_are_the_conversation(mounted: Mount, hook_cmd: list[str]) -> None:
     events = gemini_events(str(mounted.mnt))
     for event in events[:2]:
-        hook("gemini", event, mounted.mnt)
+        hook("gemini", event, mounted.mnt, hook_cmd)
     subprocess.run(["sh", "-c", "printf 'bye\\n' > src/main.py"], cwd=mounted.mnt, check=True, timeout=30)
     for event in events[2:]:
-        hook("gemini", event, mounted.mnt)
+        hook("gemini", event, mounted.mnt, hook_cmd)
     lines = conversation(mounted)
     assert [x["event"] for x in lines] == ["UserPromptSubmit", "PreToolUse", "PostToolUse", "PreToolUse",
                                            "PostToolUseFailure", "Stop"]
@@ -79,13 +148,13 @@ def test_gemini_events_are_the_conversation(mounted: Mount) -> None:
     assert summaries(mounted)["src/main.py"] == "replace src/main.py"
 
 
-def test_cursor_events_are_the_conversation(mounted: Mount, tmp_path: Path) -> None:
+def test_cursor_events_are_the_conversation(mounted: Mount, tmp_path: Path, hook_cmd: list[str]) -> None:
     events = cursor_events(str(mounted.mnt))
     for event in events[:2]:
-        hook("cursor", event, tmp_path)  # run outside the mount: workspace_roots finds it
+        hook("cursor", event, tmp_path, hook_cmd)  # run outside the mount: workspace_roots finds it
     (mounted.mnt / "notes.txt").write_text("mine\n")
     for event in events[2:]:
-        hook("cursor", event, tmp_path)
+        hook("cursor", event, tmp_path, hook_cmd)
     lines = conversation(mounted)
     assert [x["event"] for x in lines] == ["UserPromptSubmit", "PreToolUse", "PostToolUse",
                                            "PostToolUseFailure", "Stop"]
@@ -104,10 +173,11 @@ def install(agent: str, home: Path, *extra: str) -> None:
 
 
 def ours(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in entries if "overlayckpt hook" in json.dumps(e)]
+    return [e for e in entries if "overlayckpt-hook " in json.dumps(e)]
 
 
 MCP = {"command": sys.executable, "args": ["-P", "-m", "overlayckpt", "mcp"]}
+HOOK = str(hook_program())  # install-hooks writes the compiled hook's absolute path
 
 
 def test_install_hooks_gemini_merges_and_uninstalls(tmp_path: Path) -> None:
@@ -123,10 +193,39 @@ def test_install_hooks_gemini_merges_and_uninstalls(tmp_path: Path) -> None:
     for event in ("BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"):
         [entry] = ours(got["hooks"][event])
         [h] = entry["hooks"]
-        assert h["type"] == "command" and h["command"].endswith("-m overlayckpt hook gemini")
+        assert h["type"] == "command" and h["command"] == f"{HOOK} gemini"
         assert h["timeout"] == 10_000  # Gemini's timeouts are milliseconds
     assert got["mcpServers"] == {"other": {"command": "srv"}, "overlayckpt": MCP}
+    assert got["hooksConfig"] == {"notifications": False}  # no "Executing Hooks: overlayckpt, ..."
     install("gemini", tmp_path, "--uninstall")
+    assert json.loads(settings.read_text()) == mine
+
+
+def test_install_hooks_gemini_keeps_the_users_notification_choice(tmp_path: Path) -> None:
+    settings = tmp_path / ".gemini" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"hooksConfig": {"notifications": True, "disabled": ["x"]}}))
+    install("gemini", tmp_path)
+    assert json.loads(settings.read_text())["hooksConfig"] == {"notifications": True, "disabled": ["x"]}
+
+
+def test_install_hooks_qwen_writes_millisecond_timeouts(tmp_path: Path) -> None:
+    """qwen-code reads Claude's hooks from ~/.qwen/settings.json, timeouts in milliseconds
+    (seconds there: 10 ms, and nothing is ever logged); its MCP servers in the same file."""
+    settings = tmp_path / ".qwen" / "settings.json"
+    settings.parent.mkdir()
+    mine = {"model": {"name": "x"}, "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "./done.sh"}]}]}}
+    settings.write_text(json.dumps(mine))
+    for _ in range(2):
+        install("qwen", tmp_path)
+    got = json.loads(settings.read_text())
+    assert got["model"] == mine["model"] and got["hooks"]["Stop"][0] == mine["hooks"]["Stop"][0]
+    for event in ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop"):
+        [entry] = ours(got["hooks"][event])
+        assert entry["hooks"] == [{"type": "command", "command": f"{HOOK} qwen", "timeout": 10_000}]
+        assert entry.get("matcher") == ("*" if "Tool" in event else None)
+    assert got["mcpServers"] == {"overlayckpt": MCP}
+    install("qwen", tmp_path, "--uninstall")
     assert json.loads(settings.read_text()) == mine
 
 
@@ -143,7 +242,7 @@ def test_install_hooks_cursor_merges_and_uninstalls(tmp_path: Path) -> None:
     assert got["version"] == 1 and got["hooks"]["afterFileEdit"] == mine["hooks"]["afterFileEdit"]
     for event in ("beforeSubmitPrompt", "preToolUse", "postToolUse", "postToolUseFailure", "afterAgentResponse"):
         [entry] = ours(got["hooks"][event])
-        assert entry["command"].endswith("-m overlayckpt hook cursor")
+        assert entry["command"] == f"{HOOK} cursor"
     assert got["hooks"]["preToolUse"][0] == mine["hooks"]["preToolUse"][0]
     assert json.loads(mcp.read_text())["mcpServers"] == {"other": {"url": "http://x"}, "overlayckpt": MCP}
     install("cursor", tmp_path, "--uninstall")

@@ -101,15 +101,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                    "keeping the damaged one beside it")
 
     h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
-    agents = ["claude-code", "codex", "gemini", "cursor"]
+    agents = ["claude-code", "codex", "gemini", "qwen", "cursor"]
     h.add_argument("agent", choices=agents)
     ih = sub.add_parser("install-hooks", help="add our hooks (and MCP server) to the agent's user settings")
     ih.add_argument("agent", choices=agents)
     ih.add_argument("--settings", help="the hooks file (default: ~/.claude/settings.json, ~/.codex/hooks.json, "
-                                       "~/.gemini/settings.json, ~/.cursor/hooks.json)")
+                                       "~/.gemini/settings.json, ~/.qwen/settings.json, ~/.cursor/hooks.json)")
     ih.add_argument("--no-mcp", action="store_true",
                     help="do not register `overlayckpt mcp` (default: in ~/.claude.json, ~/.codex/config.toml, "
-                         "~/.gemini/settings.json, ~/.cursor/mcp.json)")
+                         "~/.gemini/settings.json, ~/.qwen/settings.json, ~/.cursor/mcp.json)")
     ih.add_argument("--uninstall", action="store_true", help="take our hooks and MCP server out again")
     ih.add_argument("--project", default=".",
                     help="project whose .claude/settings.local.json loses our old hooks (default: current)")

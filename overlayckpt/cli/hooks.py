@@ -20,7 +20,7 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.settings or agent_settings.user_settings_path(args.agent))
     mcp = None if args.no_mcp else agent_settings.mcp_config_path(args.agent, path)
     if args.uninstall:
-        done = agent_settings.uninstall_hooks(path)
+        done = agent_settings.uninstall_hooks(path, args.agent)
         print(f"hooks removed from {path}" if done else f"no hooks of ours in {path}")
         if mcp and agent_settings.uninstall_mcp(mcp):
             print(f"MCP server removed from {mcp}")
@@ -30,9 +30,18 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
     if mcp:
         agent_settings.settings_dir(mcp, create=False)
     import shlex
-    command = f"{shlex.quote(sys.executable)} -P -m {agent_settings.HOOK_MARK} {args.agent}"
+    program = agent_settings.hook_program()
+    if program:  # a millisecond per event, where Python takes 20 ms to start
+        command = f"{shlex.quote(program)} {args.agent}"
+    else:
+        command = f"{shlex.quote(sys.executable)} -P -m {agent_settings.HOOK_MARK} {args.agent}"
     agent_settings.install_hooks(path, command, args.agent)
     print(f"hooks written to {path} (they log only inside an overlayckpt mount)")
+    if not program:
+        print(f"note: the compiled hook ({agent_settings.HOOK_PROGRAM}) is not built, so each event starts "
+              "Python (~50 ms): reinstall overlayckpt (make install) to build it")
+    if args.agent == "gemini":
+        print("Gemini's hook notifications are off (hooksConfig.notifications), so its status row stays quiet")
     if mcp:
         agent_settings.install_mcp(mcp, sys.executable, args.agent)
         print(f"MCP server `{agent_settings.MCP_NAME}` registered in {mcp} (it serves the mount the agent runs in)")

@@ -14,13 +14,34 @@ from typing import Any
 from overlayckpt.core.agents import AGENT_EVENTS, HOOK_MARK, MCP_ARGS, MCP_NAME, TOOL_EVENTS
 
 
+HOOK_PROGRAM = "overlayckpt-hook"
+
+
+def hook_program() -> str | None:
+    """The compiled hook (setup.py builds it beside the package), if it is there and runs."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", HOOK_PROGRAM)
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def gemini_home() -> str:
+    """Where Gemini CLI keeps its .gemini directory (GEMINI_CLI_HOME, else the home)."""
+    return os.environ.get("GEMINI_CLI_HOME") or os.path.expanduser("~")
+
+
+def qwen_home() -> str:
+    """Gemini's fork qwen-code: QWEN_HOME, else ~/.qwen."""
+    return os.environ.get("QWEN_HOME") or os.path.join(os.path.expanduser("~"), ".qwen")
+
+
 def user_settings_path(agent: str = "claude-code") -> str:
     """The agent's user-level hooks file: read for every project, outside every captured tree."""
     home = os.path.expanduser("~")
     if agent == "codex":
         return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "hooks.json")
     if agent == "gemini":
-        return os.path.join(home, ".gemini", "settings.json")
+        return os.path.join(gemini_home(), ".gemini", "settings.json")
+    if agent == "qwen":
+        return os.path.join(qwen_home(), "settings.json")
     if agent == "cursor":
         return os.path.join(home, ".cursor", "hooks.json")
     base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
@@ -31,7 +52,7 @@ def mcp_config_path(agent: str, hooks_path: str) -> str | None:
     """The agent's user-level file naming its MCP servers."""
     if agent == "claude-code":  # user scope, as `claude mcp add --scope user` writes it
         return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~"), ".claude.json")
-    if agent == "gemini":
+    if agent in ("gemini", "qwen"):
         return hooks_path  # one settings.json holds both
     if agent == "cursor":
         return os.path.join(os.path.dirname(hooks_path), "mcp.json")
@@ -40,13 +61,20 @@ def mcp_config_path(agent: str, hooks_path: str) -> str | None:
     return None
 
 
+def _our_command(command: Any) -> bool:
+    """A hook command we installed: `PYTHON -P -m overlayckpt hook AGENT` or the
+    compiled `.../overlayckpt/bin/overlayckpt-hook AGENT`."""
+    text = str(command)
+    return HOOK_MARK in text or f"/{HOOK_PROGRAM} " in text
+
+
 def _is_ours(entry: Any) -> bool:
     if not isinstance(entry, dict):
         return False
-    if HOOK_MARK in str(entry.get("command", "")):  # Cursor's entries are the commands
+    if _our_command(entry.get("command", "")):  # Cursor's entries are the commands
         return True
     hooks = entry.get("hooks")
-    return isinstance(hooks, list) and any(isinstance(h, dict) and HOOK_MARK in str(h.get("command", ""))
+    return isinstance(hooks, list) and any(isinstance(h, dict) and _our_command(h.get("command", ""))
                                            for h in hooks)
 
 
@@ -125,8 +153,10 @@ def _hook_entry(agent: str, event: str, command: str) -> dict[str, Any]:
     hook: dict[str, Any] = {"type": "command", "command": command, "timeout": 10}
     if agent == "gemini":
         hook.update(name="overlayckpt", timeout=10_000)  # milliseconds; no matcher: every tool
+    if agent == "qwen":
+        hook["timeout"] = 10_000  # qwen reads Claude's hooks, but its timeouts in milliseconds
     entry: dict[str, Any] = {"hooks": [hook]}
-    if agent in ("claude-code", "codex") and event in TOOL_EVENTS:
+    if agent in ("claude-code", "codex", "qwen") and event in TOOL_EVENTS:
         entry["matcher"] = "*"
     return entry
 
@@ -147,7 +177,7 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     # order its lines arrive, and a call's line must land before its changes, its result
     # before the next call (parallel tool calls are milliseconds apart), a prompt before
     # the first call it causes; `claude -p` may exit before a background Stop hook ends.
-    # The hook answers in about 10 ms more than Python's own start (bench/hook.py).
+    # The compiled hook answers in about a millisecond (bench/hook.py).
     for event in AGENT_EVENTS[agent]:
         entries = _member(hooks, event, list, path)
         ours = [i for i, e in enumerate(entries) if _is_ours(e)]
@@ -156,6 +186,10 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
             entries[:] = [e for i, e in enumerate(entries) if i not in ours[1:]]
         else:
             entries.append(_hook_entry(agent, event, command))
+    if agent == "gemini":
+        # Gemini shows "Executing Hooks: overlayckpt, ..." in its status row for every
+        # hook run, two per tool call; a choice the user made is kept
+        _member(settings, "hooksConfig", dict, path).setdefault("notifications", False)
     _write_settings(path, settings)
     return path
 
@@ -181,13 +215,19 @@ def _drop_our_hooks(settings: dict[str, Any]) -> bool:
     return changed
 
 
-def uninstall_hooks(path: str) -> bool:
-    """Take our hooks out of the agent's hooks file, keeping the rest; True if it changed."""
+def uninstall_hooks(path: str, agent: str = "claude-code") -> bool:
+    """Take our hooks out of the agent's hooks file, keeping the rest; True if it changed.
+    Gemini's hook notifications, which install_hooks turned off, are the default again."""
     if not os.path.exists(path):
         return False
     settings = _read_settings(path)
     if not _drop_our_hooks(settings):
         return False
+    config = settings.get("hooksConfig")
+    if agent == "gemini" and isinstance(config, dict) and config.get("notifications") is False:
+        del config["notifications"]
+        if not config:
+            del settings["hooksConfig"]
     _write_settings(path, settings)
     return True
 
@@ -265,5 +305,7 @@ def uninstall_mcp(path: str) -> bool:
     if not isinstance(servers, dict) or MCP_NAME not in servers:
         return False
     del servers[MCP_NAME]
+    if not servers:  # (as it was before install_mcp made it)
+        del settings["mcpServers"]
     _write_settings(path, settings)
     return True

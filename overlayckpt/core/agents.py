@@ -1,7 +1,12 @@
-"""Agent hooks: Claude Code, Codex, Gemini CLI and Cursor hook events into the
-conversation sidecar (Claude and Codex send the same snake_case fields; Gemini's and
-Cursor's events are translated to theirs), written only into a live overlayckpt mount
-the hook has verified. Installing hooks and the MCP server: core/agent_settings.py;
+"""Agent hooks: Claude Code, Codex, qwen-code, Gemini CLI and Cursor hook events into
+the conversation sidecar (Claude, Codex and qwen send the same snake_case fields; Gemini's
+and Cursor's events are translated to theirs), written only into a live overlayckpt mount
+the hook has verified.
+
+The hook (the compiled overlayckpt/bin/overlayckpt-hook, or `overlayckpt hook` in
+Python) appends the event as it came, wrapped as {"hook": AGENT, "event": EVENT}; the
+daemon turns that into the conversation line (hook_line, event_to_line), so both hooks
+log the same lines and the parsing lives in one place. Installing hooks and the MCP server: core/agent_settings.py;
 the agents' transcripts cut back to a checkpoint: core/transcripts.py.
 
 The hook must never break the agent: whatever goes wrong, it prints at most
@@ -21,10 +26,13 @@ from typing import Any
 MAX_EVENT = 4 << 20
 EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
-AGENTS = ("claude-code", "codex", "gemini", "cursor")
-TRANSCRIPT_AGENTS = ("claude-code", "codex")  # whose transcripts a restore cuts
+AGENTS = ("claude-code", "codex", "gemini", "qwen", "cursor")
+TRANSCRIPT_AGENTS = ("claude-code", "codex", "gemini", "qwen")  # whose transcripts a restore cuts
+# a wrapped event's line: the event itself may be MAX_EVENT long (the line made of it is
+# then cut to what the conversation keeps)
+MAX_HOOK_LINE = MAX_EVENT + 1024
 # the events each agent's hook file may name (Codex refuses a file with one it lacks)
-AGENT_EVENTS = {"claude-code": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
+AGENT_EVENTS = {"claude-code": EVENTS, "qwen": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
                 "gemini": ("BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"),
                 "cursor": ("beforeSubmitPrompt", "preToolUse", "postToolUse", "postToolUseFailure",
                            "afterAgentResponse")}
@@ -250,6 +258,20 @@ def hook_main(argv: list[str]) -> int | None:
     return run_hook(sys.stdin, mount, rest[0])
 
 
+def hook_line(wrapped: dict[str, Any]) -> dict[str, Any] | None:
+    """The conversation line of a wrapped hook event {"hook": AGENT, "event": EVENT}, as
+    the hooks write it (None: an event we do not log). The daemon runs this on whatever
+    is written to the conversation (the agent can write anything there): ValueError
+    for anything but a wrapped event of a known agent."""
+    agent, event = wrapped.get("hook"), wrapped.get("event")
+    if agent not in AGENTS or not isinstance(event, dict) or len(wrapped) != 2:
+        raise ValueError('a hook event is {"hook": AGENT, "event": {...}} with AGENT one of ' + ", ".join(AGENTS))
+    try:
+        return event_to_line(event, str(agent))
+    except RecursionError:  # (Cursor's tool_input is JSON text, parsed here)
+        raise ValueError("the hook event is nested too deeply") from None
+
+
 def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
     try:
         raw = stdin.read(MAX_EVENT + 1)
@@ -260,14 +282,15 @@ def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
             raise ValueError("event is not a JSON object")
         if agent in ("gemini", "cursor"):
             print("{}")  # both read a JSON answer on stdout; an empty one allows everything
-        line = event_to_line(event, agent)
-        if line is None:
+        if event_to_line(event, agent) is None:
             return 0
         fd = open_conversation(mount or os.environ.get("OVERLAYCKPT_MOUNT") or None, _event_cwd(event))
         if fd is None:
             return 0
-        try:
-            os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
+        try:  # the daemon makes the line (hook_line), as for the compiled hook
+            data = (json.dumps({"hook": agent, "event": event}) + "\n").encode()
+            while data:
+                data = data[os.write(fd, data):]
         finally:
             os.close(fd)
     except Exception as e:  # never break the agent

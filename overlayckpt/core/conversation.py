@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from overlayckpt.errors import UserError
+from overlayckpt.core.agents import MAX_HOOK_LINE, hook_line
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
@@ -25,13 +26,29 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
 
 
 
-def parse_line(line: bytes) -> dict[str, Any]:
-    if len(line) > MAX_LINE:
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """A conversation line as written to the sidecar, or an agent's hook event wrapped
+    as {"hook": AGENT, "event": EVENT} (core/agents.py: the hooks write events as they
+    came, and their lines are made here); None: a hook event that logs nothing."""
+    if len(line) > MAX_HOOK_LINE:
         raise UserError(f"conversation line longer than {MAX_LINE} bytes")
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"conversation line is not JSON: {e}") from None
+    except RecursionError:
+        raise UserError("conversation line is not JSON: nesting too deep") from None
+    if isinstance(obj, dict) and "hook" in obj and "role" not in obj:
+        try:
+            obj = hook_line(obj)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if obj is None:
+            return None
+        # the limit on the line itself, as when the hook wrote the line it made
+        line = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if len(line) > MAX_LINE:
+        raise UserError(f"conversation line longer than {MAX_LINE} bytes")
     if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
         raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
     return _whole_text(obj)  # type: ignore[no-any-return]
@@ -75,6 +92,8 @@ def starts_a_call(obj: dict[str, Any]) -> bool:
 
 def append_line(store: Store, line: bytes) -> None:
     obj = parse_line(line)
+    if obj is None:
+        return
     store.write(lambda w: append(w, obj))
 
 
@@ -118,6 +137,30 @@ def all_lines(r: ReadTxn) -> list[dict[str, Any]]:
 def live_text(store: Store) -> bytes:
     lines = store.read(live_lines)
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def live_text_after(store: Store, known: tuple[int, bytes] | None) -> tuple[int, bytes]:
+    """(head, live_text) from known, an earlier (head, text): lines are never changed, so
+    when the live branch grew from known's head only the lines since are read (a hook's
+    append, then the kernel's getattr of the file: O(1), not a pass over the history);
+    after a restore moved the head elsewhere, the branch is read whole."""
+    def read(r: ReadTxn) -> tuple[int, bytes]:
+        head = r.meta_int(CONV_HEAD_KEY, 0)
+        if known is not None and known[0] == head:
+            return known
+        new: list[tuple[int, dict[str, Any]]] = []
+        key = head
+        while key and (known is None or key != known[0]):
+            raw = r.get(CONV, u64(key))
+            if raw is None:
+                break
+            entry = unpack_obj(raw)
+            new.append((key, entry))  # type: ignore[arg-type]
+            key = entry["_prev"]  # type: ignore[index, assignment]
+        base = known[1] if known is not None and key == known[0] else b""
+        new.reverse()
+        return head, base + "".join(json.dumps(_public(k, e)) + "\n" for k, e in new).encode()
+    return store.read(read)
 
 
 def move_head(w: WriteTxn, head: int) -> None:

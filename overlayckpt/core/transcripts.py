@@ -1,5 +1,10 @@
-"""Claude Code and Codex transcripts cut back to a checkpoint (restore --both), so the
-agent resumes from there.
+"""Claude Code, Codex, qwen-code and Gemini CLI transcripts cut back to a checkpoint
+(restore --both), so the agent resumes from there.
+
+Claude's and Codex's transcripts name each call by the id the hooks log; qwen's hooks
+send an id of their own and Gemini's none, so theirs are cut by position: the call of
+the checkpoint's last tool line is found by the order of the calls in its batch and the
+times of the hook lines and of the results in the transcript.
 
 The transcript is named by a conversation line, which anyone who can write ctl (the
 agent) can forge: it is read and its copy written only beneath where the agent keeps
@@ -37,6 +42,11 @@ def transcript_root(agent: str) -> str:
     home = os.path.expanduser("~")
     if agent == "codex":
         return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "sessions")
+    if agent == "gemini":  # tmp/<project>/chats/session-*.jsonl
+        return os.path.join(os.environ.get("GEMINI_CLI_HOME") or home, ".gemini", "tmp")
+    if agent == "qwen":  # projects/<project>/chats/<session>.jsonl
+        base = os.environ.get("QWEN_RUNTIME_DIR") or os.environ.get("QWEN_HOME") or os.path.join(home, ".qwen")
+        return os.path.join(base, "projects")
     return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude"), "projects")
 
 
@@ -126,6 +136,13 @@ def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
             continue  # gone (deleted by the agent or the user): an older one may remain
         try:
             call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
+            if agent in ("gemini", "qwen"):
+                mine = [x for x in lines if x.get("transcript_path") == path and x.get("agent") == agent]
+                if agent == "gemini":
+                    copy = cut_gemini_session(transcript, mine)
+                    return f"gemini --session-file {copy}", copy
+                session, copy = cut_qwen_session(transcript, mine)
+                return f"qwen --resume {session}", copy
             if agent == "codex":
                 session, copy = cut_codex_rollout(transcript, line["time"], call)
                 return f"codex resume {session}", copy
@@ -197,3 +214,154 @@ def cut_codex_rollout(rollout: Transcript, until_iso: str, call_id: str | None =
     name = os.path.basename(rollout.path)
     name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
     return new_id, rollout.write_copy(name, kept)
+
+
+# --- transcripts without the hooks' call ids: Gemini CLI, qwen-code ----------------------
+
+def _stamp(value: Any) -> float | None:
+    """An ISO 8601 time as seconds, None if it is not one."""
+    import datetime
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _records(transcript: Transcript) -> list[tuple[str, dict[str, Any]]]:
+    """A JSONL transcript's records (line as written, parsed), lines cut short skipped."""
+    out = []
+    with transcript.lines() as src:
+        for line in src:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                out.append((line if line.endswith("\n") else line + "\n", entry))
+    return out
+
+
+def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, int] | None:
+    """Where the last of lines (one agent session's, oldest first) stands, if it is a tool
+    line: (the time of its call's PreToolUse line, k: that call is the k-th of its batch),
+    done being the times the transcript records calls complete. The model asks for a
+    batch after the previous one's results are back, so the batch's calls are the ones
+    whose PreToolUse came after the last completion before this call's."""
+    if not lines or lines[-1].get("event") not in TOOL_EVENTS:
+        return None
+    starts = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
+    starts = [t for t in starts if t is not None]
+    if not starts:
+        return None
+    at = starts[-1]
+    since = max((t for t in done if t < at), default=float("-inf"))
+    return at, sum(1 for t in starts if since < t <= at)
+
+
+def _until(lines: list[dict[str, Any]]) -> float:
+    last = _stamp(lines[-1].get("time")) if lines else None
+    return last if last is not None else float("inf")
+
+
+def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
+    """Copy a Gemini CLI session (JSONL: a metadata record, then message records, each a
+    whole snapshot of its message, rewritten as tool calls complete) up to the point of
+    lines, the checkpoint's lines of this session; returns the copy's path, beside it.
+
+    Gemini records a batch of tool calls, with their results, once all of them are done,
+    into its model message: the cut keeps that message with the calls up to the
+    checkpoint's. Without a tool line, records up to the last line's time are kept. The
+    copy's name is not a `session-` one, so Gemini's own list ignores it; `gemini
+    --session-file COPY` imports it as a new session, in any directory."""
+    import uuid
+    records = _records(session)
+    if not records or "sessionId" not in records[0][1]:
+        raise ValueError(f"{os.path.basename(session.path)} is not a Gemini CLI session (JSONL)")
+
+    def calls(entry: dict[str, Any]) -> list[dict[str, Any]]:
+        found = entry.get("toolCalls")
+        return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+    done = [t for _, e in records for c in calls(e) if (t := _stamp(c.get("timestamp"))) is not None]
+    point = _call_point(lines, done)
+    kept: list[str] = []
+    if point is not None:
+        at, k = point
+        since = max((t for t in done if t < at), default=float("-inf"))
+        for i, (line, entry) in enumerate(records):
+            batch = [c for c in calls(entry) if (_stamp(c.get("timestamp")) or since) > since]
+            if not any((_stamp(c.get("timestamp")) or at) > at for c in batch):
+                continue
+            if 0 < k <= len(batch):  # this call and the batch's ones before it
+                drop = {id(c) for c in batch[k:]}
+                entry = dict(entry, toolCalls=[c for c in calls(entry) if id(c) not in drop])
+                kept = [x for x, _ in records[:i]] + [json.dumps(entry, ensure_ascii=False) + "\n"]
+            break
+    if not kept:  # no tool line, or its call is not there: up to the line's time
+        until = _until(lines)
+        for line, entry in records:
+            times = [_stamp(entry.get("timestamp"))] + [_stamp(c.get("timestamp")) for c in calls(entry)]
+            if max((t for t in times if t is not None), default=float("-inf")) > until:
+                break
+            kept.append(line)
+    return session.write_copy(f"overlayckpt-{uuid.uuid4()}.jsonl", kept)
+
+
+def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[str, str]:
+    """Copy a qwen-code session (JSONL records, each with uuid, parentUuid, sessionId,
+    timestamp: the model's turn with its functionCall parts, then one tool_result record
+    per call once the batch is done) up to the point of lines, as a session of its own
+    beside it; returns (its id, its path). qwen finds a session by its file name,
+    <id>.jsonl, in the project's chats directory: `qwen --resume ID` in the project.
+
+    The cut keeps the model turn with the calls up to the checkpoint's and their results
+    (qwen's hooks send a tool_use_id of their own, which the transcript does not name)."""
+    import uuid
+    records = _records(session)
+    if not records or not all("sessionId" in e for _, e in records):
+        raise ValueError(f"{os.path.basename(session.path)} is not a qwen-code session (JSONL)")
+
+    def result_of(entry: dict[str, Any]) -> str | None:
+        result = entry.get("toolCallResult")
+        if entry.get("type") == "tool_result" and isinstance(result, dict) and isinstance(result.get("callId"), str):
+            return str(result["callId"])
+        return None
+
+    def parts(entry: dict[str, Any]) -> list[Any]:
+        message = entry.get("message")
+        found = message.get("parts") if isinstance(message, dict) else None
+        return found if isinstance(found, list) else []
+
+    def call_id(part: Any) -> str | None:
+        call = part.get("functionCall") if isinstance(part, dict) else None
+        return str(call["id"]) if isinstance(call, dict) and isinstance(call.get("id"), str) else None
+
+    done = [t for _, e in records if result_of(e) and (t := _stamp(e.get("timestamp"))) is not None]
+    point = _call_point(lines, done)
+    kept: list[tuple[str, dict[str, Any]]] = []
+    if point is not None:
+        at, k = point
+        turns = [i for i, (_, e) in enumerate(records) if e.get("type") == "assistant"
+                 and (_stamp(e.get("timestamp")) or at) <= at and any(call_id(p) for p in parts(e))]
+        batch = [c for p in parts(records[turns[-1]][1]) if (c := call_id(p))] if turns else []
+        if 0 < k <= len(batch):
+            wanted, later = set(batch[:k]), set(batch[k:])
+            end = next((i for i, (_, e) in enumerate(records) if result_of(e) == batch[k - 1]), None)
+            if end is not None:
+                for i, (line, entry) in enumerate(records[:end + 1]):
+                    if i == turns[-1] and later:
+                        message = dict(entry["message"], parts=[p for p in parts(entry) if call_id(p) not in later])
+                        entry = dict(entry, message=message)
+                    elif i > turns[-1] and result_of(entry) and result_of(entry) not in wanted:
+                        continue
+                    kept.append((line, entry))
+    if not kept:  # no tool line, or its call is not there: up to the line's time
+        until = _until(lines)
+        for line, entry in records:
+            if (_stamp(entry.get("timestamp")) or float("-inf")) > until:
+                break
+            kept.append((line, entry))
+    new_id = str(uuid.uuid4())
+    text = [json.dumps(dict(entry, sessionId=new_id), ensure_ascii=False) + "\n" for _, entry in kept]
+    return new_id, session.write_copy(f"{new_id}.jsonl", text)

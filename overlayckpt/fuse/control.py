@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import pyfuse3
 import trio
 
+from overlayckpt.core.agents import MAX_HOOK_LINE
 from overlayckpt.errors import FsError, Stopped, UserError
 from overlayckpt.names import shown
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
@@ -54,6 +55,8 @@ CKPTS_INO = CONTROL_INO_BASE + 5
 VIEW_INO_BASE = CONTROL_INO_BASE + (1 << 32)
 
 MAX_LINE = 1 << 20  # one command or conversation line; longer is EINVAL
+# an agent's hook event, written whole (core/conversation.parse_line takes it apart)
+CONV_MAX_LINE = MAX_HOOK_LINE
 # ctl's size as the kernel sees it: the kernel runs writes that end below it in parallel
 # (see interpose.c, fuse_reply_open), so no client's command waits for another's to
 # finish; small enough that a read of "the whole file" (Python's read()) is no burden
@@ -204,7 +207,8 @@ class ControlFs:
             # (interruptible: SIGUSR1 interrupts commands; to an older daemon it is fatal)
             status = {**self.session.status(), "interruptible": True}
             handle.snapshot = (json.dumps(status, indent=2) + "\n").encode()
-        elif ino == CONV_INO:
+        elif ino == CONV_INO and flags & os.O_ACCMODE != os.O_WRONLY:
+            # (not for a writer, a hook appending one line: the text is the whole history)
             handle.snapshot = self.session.conversation_text()
         return handle
 
@@ -258,18 +262,19 @@ class ControlFs:
         """
         if h.discarding:
             return [None]
+        limit = CONV_MAX_LINE if h.ino == CONV_INO else MAX_LINE
         out: list[bytes | None] = []
         h.pending += buf
         while b"\n" in h.pending:
             line, _, rest = bytes(h.pending).partition(b"\n")
             h.pending[:] = rest
-            if len(line) > MAX_LINE:
+            if len(line) > limit:
                 h.discarding = True
                 h.pending.clear()
                 return out + [None]
             if line.strip():
                 out.append(line)
-        if len(h.pending) > MAX_LINE:
+        if len(h.pending) > limit:
             h.pending.clear()
             h.discarding = True
             out.append(None)

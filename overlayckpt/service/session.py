@@ -63,6 +63,7 @@ class Session:
         self._maintenance = trio.Lock()
         self.kernel_status = kernel_status
         self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
+        self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
 
     # the context's hooks, so that a Session too serves where a Context is taken
     @property
@@ -205,8 +206,11 @@ class Session:
         }
 
     def conversation_text(self) -> bytes:
-        from overlayckpt.core.conversation import live_text
-        return live_text(self.store)
+        from overlayckpt.core.conversation import live_text_after
+        # (every getattr of conversation.jsonl asks for its size: kept, and grown by the
+        # lines appended since, rather than rebuilt)
+        self._conversation = live_text_after(self.store, self._conversation)
+        return self._conversation[1]
 
     def conversation_append(self, line: bytes) -> None:
         from overlayckpt.core.conversation import append_line

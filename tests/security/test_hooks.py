@@ -24,6 +24,18 @@ import pytest
 from conftest import CLI, Mount, conversation, make_repo, run_cli
 from helpers_users import ROOT, User
 from security.conftest import assert_one_line, surroundings
+from overlayckpt.core.agent_settings import hook_program
+
+# Both hooks verify the mount the same way: the Python one (`overlayckpt hook`) and the
+# compiled one install-hooks writes (overlayckpt/bin/overlayckpt-hook, built by setup.py)
+HOOKS = {"python": [sys.executable, "-P", "-m", "overlayckpt", "hook"], "compiled": [str(hook_program())]}
+
+
+@pytest.fixture(params=list(HOOKS))
+def hook(request: pytest.FixtureRequest) -> list[str]:
+    """The hook command without its AGENT argument."""
+    assert hook_program(), "the compiled hook is not built: setup.py build_ext --inplace"
+    return HOOKS[request.param]
 
 PROMPT = "my password is hunter2; $(touch PWNED)"
 RC = "# my shell rc\nexport PATH=$HOME/bin:$PATH\n"
@@ -39,9 +51,10 @@ def hook_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def run_hook(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_hook(hook: list[str], cwd: Path, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The hook as install-hooks writes it, run in cwd as the agent runs it: never fails."""
-    proc = subprocess.run(CLI + ["hook", "claude-code", *args], input=event(cwd), text=True,
+    proc = subprocess.run(hook + ["claude-code", *args], input=event(cwd), text=True,
                           capture_output=True, cwd=str(cwd), env=env or hook_env(), timeout=30)
     assert proc.returncode == 0, proc
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") <= 1, proc.stderr
@@ -55,22 +68,23 @@ def shipped_symlinks(repo: Path, rc: Path) -> None:
         (d / ".overlayckpt" / "conversation.jsonl").symlink_to(rc)
 
 
-def test_a_shipped_symlink_outside_a_mount_gets_nothing(tmp_path: Path) -> None:
+def test_a_shipped_symlink_outside_a_mount_gets_nothing(tmp_path: Path, hook: list[str]) -> None:
     rc = tmp_path / "home" / ".bashrc"
     rc.parent.mkdir()
     rc.write_text(RC)
     repo = make_repo(tmp_path / "repo")
     shipped_symlinks(repo, rc)
     before = surroundings(tmp_path)
-    run_hook(repo / "src")
-    run_hook(repo)
-    for quiet in (run_hook(repo, env=hook_env(OVERLAYCKPT_MOUNT=str(repo))), run_hook(repo, "--mount", str(repo))):
+    run_hook(hook, repo / "src")
+    run_hook(hook, repo)
+    for quiet in (run_hook(hook, repo, env=hook_env(OVERLAYCKPT_MOUNT=str(repo))),
+                  run_hook(hook, repo, "--mount", str(repo))):
         assert "not an overlayckpt mount" in quiet.stderr  # named by the user: one line says why
     assert surroundings(tmp_path) == before
     assert rc.read_text() == RC
 
 
-def test_a_shipped_symlink_in_a_mount_is_not_followed(tmp_path: Path, mount_factory) -> None:
+def test_a_shipped_symlink_in_a_mount_is_not_followed(tmp_path: Path, mount_factory, hook: list[str]) -> None:
     """The positive control: in a live mount the hook logs, into the mount's own
     conversation, whatever the repo ships at its top or in the directory the agent is in."""
     rc = tmp_path / "home" / ".bashrc"
@@ -80,16 +94,17 @@ def test_a_shipped_symlink_in_a_mount_is_not_followed(tmp_path: Path, mount_fact
     shipped_symlinks(repo, rc)
     m: Mount = mount_factory(repo)
     before = surroundings(tmp_path, m.mnt, m.store)
-    run_hook(m.mnt / "src")
-    run_hook(tmp_path, env=hook_env(OVERLAYCKPT_MOUNT=str(m.mnt)))
-    run_hook(tmp_path, "--mount", str(m.mnt) + "/")
+    run_hook(hook, m.mnt / "src")
+    run_hook(hook, tmp_path, env=hook_env(OVERLAYCKPT_MOUNT=str(m.mnt)))
+    run_hook(hook, tmp_path, "--mount", str(m.mnt) + "/")
     assert [line["content"] for line in conversation(m)] == [PROMPT] * 3
     assert surroundings(tmp_path, m.mnt, m.store) == before
     assert rc.read_text() == RC
 
 
 @pytest.mark.parametrize("planter", ["me", "another user"])
-def test_a_planted_file_in_a_shared_parent_collects_nothing(tmp_path: Path, user: User, planter: str) -> None:
+def test_a_planted_file_in_a_shared_parent_collects_nothing(tmp_path: Path, user: User, planter: str,
+                                                            hook: list[str]) -> None:
     shared = tmp_path / "shared"  # like /tmp: anyone may create entries in it
     (shared / ".overlayckpt").mkdir(parents=True)
     shared.chmod(0o1777)
@@ -101,13 +116,13 @@ def test_a_planted_file_in_a_shared_parent_collects_nothing(tmp_path: Path, user
     project = shared / "project"
     project.mkdir()
     before = surroundings(tmp_path)
-    run_hook(project)
-    assert run_hook(project, env=hook_env(OVERLAYCKPT_MOUNT=str(shared))).stderr.count("\n") == 1
+    run_hook(hook, project)
+    assert run_hook(hook, project, env=hook_env(OVERLAYCKPT_MOUNT=str(shared))).stderr.count("\n") == 1
     assert surroundings(tmp_path) == before
     assert planted.read_text() == ""
 
 
-def test_a_file_planted_by_root_collects_nothing_from_a_user(user: User) -> None:
+def test_a_file_planted_by_root_collects_nothing_from_a_user(user: User, hook: list[str]) -> None:
     """The other way round: the hook runs as the user, below a directory where root
     planted a 0666 file (every step of the path the user's to pass)."""
     work = Path(tempfile.mkdtemp(prefix="hookplant-", dir=user.home))
@@ -120,8 +135,8 @@ def test_a_file_planted_by_root_collects_nothing_from_a_user(user: User) -> None
         planted.chmod(0o666)
         before = surroundings(work)
         for env in ([], [f"OVERLAYCKPT_MOUNT={work}"]):
-            proc = subprocess.run(user.argv("env", f"PYTHONPATH={ROOT}", *env, sys.executable, "-m", "overlayckpt",
-                                            "hook", "claude-code", cwd=work / "project"),
+            proc = subprocess.run(user.argv("env", f"PYTHONPATH={ROOT}", *env, *hook, "claude-code",
+                                            cwd=work / "project"),
                                   input=event(work / "project"), cwd="/", env=user.env(), capture_output=True,
                                   text=True, timeout=60)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc
@@ -131,7 +146,7 @@ def test_a_file_planted_by_root_collects_nothing_from_a_user(user: User) -> None
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_a_mount_of_another_user_gets_nothing(user: User, torn_down) -> None:
+def test_a_mount_of_another_user_gets_nothing(user: User, torn_down, hook: list[str]) -> None:
     """root's --allow-other mount is open to the user, but it is not the user's: the hook
     run by the user logs nothing into it (mountinfo's user_id is root's)."""
     work = Path(tempfile.mkdtemp(prefix="hookother-", dir=user.home))
@@ -142,18 +157,17 @@ def test_a_mount_of_another_user_gets_nothing(user: User, torn_down) -> None:
         torn_down(mnt, store)
         run_cli("mount", str(repo), str(mnt), "--store", str(store), "--allow-other")
         m = Mount(repo, mnt, store)
-        proc = subprocess.run(user.argv("env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "overlayckpt", "hook",
-                                        "claude-code", cwd=mnt),
+        proc = subprocess.run(user.argv("env", f"PYTHONPATH={ROOT}", *hook, "claude-code", cwd=mnt),
                               input=event(mnt), cwd="/", env=user.env(), capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and proc.stderr == "", proc
-        run_hook(mnt)  # root's own hook does log: the control
+        run_hook(hook, mnt)  # root's own hook does log: the control
         assert [line["content"] for line in conversation(m)] == [PROMPT]
     finally:
         run_cli("unmount", str(work / "mnt"), "--no-apply", check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_the_hook_logs_in_a_sandboxed_run_of_a_user(user: User) -> None:
+def test_the_hook_logs_in_a_sandboxed_run_of_a_user(user: User, hook: list[str]) -> None:
     """The positive control where the checks could misfire: `run --private` as a normal
     user mounts in the user's own user and mount namespaces, and the agent runs in one
     more user namespace; mountinfo must still name the user's uid, and the hook log."""
@@ -162,9 +176,9 @@ def test_the_hook_logs_in_a_sandboxed_run_of_a_user(user: User) -> None:
         repo = make_repo(work / "repo")
         (work / "event.json").write_text(event(repo))
         user.chown(work)
-        python = f"{sys.executable} -P -m overlayckpt"
-        probe = (f"{python} hook claude-code < {work}/event.json && "
-                 f"{python} hook claude-code --mount {repo} < {work}/event.json && "
+        command = " ".join(hook)
+        probe = (f"{command} claude-code < {work}/event.json && "
+                 f"{command} claude-code --mount {repo} < {work}/event.json && "
                  "cat .overlayckpt/conversation.jsonl")
         proc = user.cli("run", "--private", "--repo", str(repo), "--", "sh", "-c", probe,
                         wrap=("env", f"PYTHONPATH={ROOT}"))
@@ -272,7 +286,7 @@ def test_install_hooks_keeps_the_mode_and_follows_no_planted_link(tmp_path: Path
     (settings_dir / "kept.json.tmp").symlink_to(victim)
     for path in (kept, linked):
         run_cli("install-hooks", "gemini", "--settings", str(path), "--project", str(tmp_path))
-        assert "overlayckpt hook gemini" in path.read_text()
+        assert "overlayckpt-hook gemini" in path.read_text()
         assert not path.is_symlink()
     assert kept.stat().st_mode & 0o777 == 0o640
     assert linked.stat().st_mode & 0o777 == victim.stat().st_mode & 0o777  # the mode the user gave it
