@@ -95,6 +95,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("cmd", nargs=argparse.REMAINDER)
 
     sub.add_parser("status", help="mount, repo, store, live checkpoint, counts")
+    st = sub.add_parser("stats", help="from the running daemon, since its mount: latency of "
+                                      "writes, captures, reads, checkpoints, restores; the store")
+    st.add_argument("--prometheus", action="store_true",
+                    help="print the Prometheus text format (for a node-exporter textfile collector)")
     sub.add_parser("recover", help="salvage a damaged store (--store DIR) into a new one, "
                                    "keeping the damaged one beside it")
 
@@ -165,6 +169,9 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command in DAEMON_COMMANDS:
         from overlayckpt.cli import daemon
         return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
+    if command == "stats":
+        from overlayckpt.cli.stats import cmd_stats
+        return cmd_stats
     if command == "mcp":
         from overlayckpt.cli.mcp import cmd_mcp  # (JSON-RPC on stdio, no SDK)
         return cmd_mcp
