@@ -459,10 +459,7 @@ class Operations(pyfuse3.Operations):
 
     def _captured_later(self, arrivals: list[int]) -> None:
         """Writes acknowledged before their capture (write-behind) are in the store now."""
-        now, record = time.monotonic_ns(), self.capture.after_reply.record
-        for arrival in arrivals:
-            if arrival:
-                record(now - arrival)
+        self.capture.after_reply.record_since(time.monotonic_ns(), arrivals)
 
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
                             logged: tuple[int, int], arrival: int) -> int:

@@ -37,6 +37,8 @@ def _ratio(a: int, b: int) -> float | None:
 
 
 def stats(s: Session) -> dict[str, Any]:
+    # (first: a read commits the writes the store deferred, so their captures are in)
+    blocks, block_bytes = s.store.read(lambda r: (r.count(BLOCKS), r.meta_int(BLOCK_BYTES_KEY, 0)))
     timed = s.request_stats()
     empty = Histogram()
     writes_late = timed["write"] if timed else empty
@@ -47,7 +49,6 @@ def stats(s: Session) -> dict[str, Any]:
     captures = Histogram.merged([s.captures.before_reply, s.captures.after_reply])
     checkpoints, restores = s.command_times["checkpoint"], s.command_times["restore"]
     tally = s.store.tally
-    blocks, block_bytes = s.store.read(lambda r: (r.count(BLOCKS), r.meta_int(BLOCK_BYTES_KEY, 0)))
     automatic = tally.get("checkpoints_auto", 0)
     return {
         "mountpoint": s.mountpoint,
