@@ -131,7 +131,7 @@ def test_counts_are_exact_and_latency_never_above_the_clients(mounted: Mount) ->
 def test_text_output_names_every_group(mounted: Mount) -> None:
     out = mounted.cli("stats").stdout
     for word in ("writes", "capture", "reads", "fsyncs", "checkpoints", "restores", "store:"):
-        assert re.search(rf"^{word}", out, re.M), word
+        assert re.search(rf"^{word}", out, re.MULTILINE), word
 
 
 def test_outside_a_mount_one_line(tmp_path: Path, mounted: Mount) -> None:
@@ -226,8 +226,8 @@ def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
         assert all(a <= b for a, b in zip(counts, counts[1:])), f"{family}: buckets fall"
         assert counts[-1] == f["count"], f"{family}: +Inf bucket is not _count"
         assert f["sum"] >= 0
-    for name in types:
-        assert name in families or types[name] == "gauge", f"{name} declared, no samples"
+    for name, kind in types.items():
+        assert name in families or kind == "gauge", f"{name} declared, no samples"
     return families
 
 

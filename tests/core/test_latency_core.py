@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from overlayckpt.core.latency import (
     BUCKETS, Histogram, bucket_high, bucket_low, bucket_of, power_bounds,
