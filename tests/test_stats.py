@@ -128,6 +128,30 @@ def test_counts_are_exact_and_latency_never_above_the_clients(mounted: Mount) ->
     assert prom["overlayckpt_store_blocks"]["value"] == later["store"]["blocks"]
 
 
+def test_writes_python_answers_are_counted_and_timed_too(mounted: Mount) -> None:
+    """Page writeback (a shared mapping's pages) is never answered early: Python stores
+    each such write before its reply, and C times it until then."""
+    m = mounted
+    pages = 3
+    path = m.mnt / "mapped.bin"
+    path.write_bytes(bytes(pages * PAGE))  # (one write, answered early)
+    before = stats(m)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, pages * PAGE) as mapped:
+            for i in range(pages):
+                mapped[i * PAGE:(i + 1) * PAGE] = os.urandom(PAGE)
+                mapped.flush(i * PAGE, PAGE)  # msync: this page alone, one write request
+    finally:
+        os.close(fd)
+    after = stats(m)
+    assert after["writes"]["count"] - before["writes"]["count"] == pages
+    assert after["writes"]["acknowledged_early"] == before["writes"]["acknowledged_early"]
+    assert after["capture"]["count"] - before["capture"]["count"] == pages
+    assert after["capture"]["after_reply"] == before["capture"]["after_reply"]
+    assert after["writes"]["sum_us"] > before["writes"]["sum_us"]
+
+
 def test_text_output_names_every_group(mounted: Mount) -> None:
     out = mounted.cli("stats").stdout
     for word in ("writes", "capture", "reads", "fsyncs", "checkpoints", "restores", "store:"):
