@@ -3,7 +3,7 @@
  * session but the wrapped one as it is, and hands the rest to the file that owns
  * it: fastpath.c (the handlers), queue.c (the reader thread and the queue),
  * behind.c (the answers to acknowledged writes), warm.c (its threads' stop),
- * stats.c (the latency of the reads and writes Python answers). */
+ * stats.c (the latency of the reads, writes and fsyncs Python answers). */
 #include "kcache.h"
 
 struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
@@ -80,7 +80,7 @@ void fuse_session_destroy(struct fuse_session *se)
     real_destroy(se);
 }
 
-/* The replies to the reads and writes stats.c times: the time is taken just before
+/* The replies to the reads, writes and fsyncs stats.c times: the time is taken just before
  * the reply goes to the kernel, and recorded after. Only pyfuse3's thread notes
  * requests (stats_pending); libfuse may answer from the reader thread too, which must
  * not read the lists. */

@@ -26,8 +26,9 @@
  * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
  * - dirattrs.c: directory attributes Python publishes after a change, and the
  *   GETATTRs of them that follow, answered by the reader thread.
- * - stats.c: the latency of writes and reads, from their arrival off /dev/fuse to
- *   their reply, in log-bucket histograms Python reads (overlayckpt stats).
+ * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
+ *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
+ *   stats).
  * - constants.c: the constants below that Python must agree with, exported for
  *   tests/test_kcache_constants.py.
  */

@@ -1,14 +1,15 @@
-/* Request latency for `overlayckpt stats`: writes, reads and fsyncs of the live tree's files,
- * from their arrival (the reader thread has just read them off /dev/fuse) to their
- * reply (just before it is written back), which is never more than what the process
- * that made the request waited.
+/* Request latency for `overlayckpt stats`: writes, reads and fsyncs of the live
+ * tree's files, from their arrival (the reader thread has just read them off
+ * /dev/fuse) to their reply (just before it is written back), which is never more
+ * than what the process that made the request waited.
  *
  * - A write acknowledged early (behind.c) is answered by the reader thread itself:
  *   it records it in kcache_stats[STATS_WRITE_EARLY].
- * - Every other read, write or fsync of a marked handle (files of the live tree; control and
- *   view files are Python's and left out) is answered by Python: the wrapped handler
- *   (fastpath.c) notes the request and when it arrived (stats_pending), and the
- *   interposed fuse_reply_write/_buf/_err (interpose.c) find it there and record it.
+ * - Every other read, write or fsync of a marked handle (files of the live tree;
+ *   control and view files are Python's and left out) is answered by Python: the
+ *   wrapped handler (fastpath.c) notes the request and when it arrived
+ *   (stats_pending), and the interposed fuse_reply_write/_buf/_err (interpose.c)
+ *   find it there and record it.
  *
  * A histogram is a fixed array of counters (kcache.h), so recording costs two clock
  * reads (vDSO) and a few adds, whatever has been recorded before. Each histogram has
