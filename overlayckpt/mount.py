@@ -33,6 +33,7 @@ from overlayckpt.fuse.control import ControlFs
 from overlayckpt.fuse.mounterr import reason, stderr_lines
 from overlayckpt.errors import UserError
 from overlayckpt.fuse.ops import Operations
+from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.core.timeline import Timeline
@@ -149,16 +150,18 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     # thread answers meanwhile would wait that long. 0.5 ms bounds the wait to a tenth.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     kernel = Kernel(os.path.abspath(mountpoint))
+    captures = Captures()  # recorded by the adapter, reported by the session (stats)
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
                            warm=kcache.warm_tree, kernel_status=kernel_status,
-                           sandboxed=sandboxed)
+                           sandboxed=sandboxed, request_stats=kcache.request_latency,
+                           captures=captures)
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
-                     kernel_handles=kcache.active)
+                     kernel_handles=kcache.active, capture=captures)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
         with stderr_lines() as said:  # libfuse says why only there

@@ -125,3 +125,25 @@ def test_log_holds_what_may_wait(lib: ctypes.CDLL) -> None:
     # a deferred write stays deferred until MAX_DEFERRED_BYTES is reached: one more record
     records = max_behind + deferred + header.size + largest
     assert log_size > 2 * records + header.size + (largest + 7) // 8 * 8
+
+
+def test_histogram_layout(lib: ctypes.CDLL) -> None:
+    """stats.c's histograms are read through kcache._Hist and bucketed as core/latency.py
+    reads them back."""
+    latency = importlib.import_module("overlayckpt.core.latency")
+    kcache = importlib.import_module("overlayckpt.fuse.kcache")
+    assert c_u32(lib, "kcache_HIST_SUB_BITS") == latency.SUB_BITS
+    assert c_u32(lib, "kcache_HIST_BUCKETS") == latency.BUCKETS
+    assert c_u32(lib, "kcache_HIST_SIZE") == ctypes.sizeof(kcache._Hist)
+    assert c_u32(lib, "kcache_STATS_KINDS") == len(kcache.STATS_KINDS)
+
+
+def test_histogram_buckets_agree(lib: ctypes.CDLL) -> None:
+    latency = importlib.import_module("overlayckpt.core.latency")
+    lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.kcache_hist_bucket.restype = ctypes.c_uint
+    values = [0, 1, 15, 16, 17, 31, 32, 1023, 1024, 1025, 999_999, 10**6, 10**9, 10**11, 2**37,
+              2**37 - 1, 2**40, 2**63]
+    values += [(1 << k) + d for k in range(4, 62) for d in (-1, 0, 1, 1 << (k - 4))]
+    for v in values:
+        assert lib.kcache_hist_bucket(v) == latency.bucket_of(v), v

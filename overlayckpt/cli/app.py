@@ -97,6 +97,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("cmd", nargs=argparse.REMAINDER)
 
     sub.add_parser("status", help="mount, repo, store, live checkpoint, counts")
+    st = sub.add_parser(
+        "stats", help="from the running daemon, since its mount: latency of writes, captures, "
+                      "reads, fsyncs, checkpoints, restores; the store",
+        description="What the running daemon measured since its mount. --json prints nested "
+                    "objects (jq .writes.count, .writes.p99_us, .capture.max_us, .store.dedup_ratio); "
+                    "latency in µs from a request's arrival at the daemon to its reply (capture: "
+                    "until the write is in the store, which for writes answered early comes after "
+                    "the reply); --prometheus prints the same as metrics for a node-exporter "
+                    "textfile collector.")
+    st.add_argument("--prometheus", action="store_true",
+                    help="print the Prometheus text format (for a node-exporter textfile collector)")
     sub.add_parser("recover", help="salvage a damaged store (--store DIR) into a new one, "
                                    "keeping the damaged one beside it")
 
@@ -173,6 +184,9 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command in DAEMON_COMMANDS:
         from overlayckpt.cli import daemon
         return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
+    if command == "stats":
+        from overlayckpt.cli.stats import cmd_stats
+        return cmd_stats
     if command == "mcp":
         from overlayckpt.cli.mcp import cmd_mcp  # (JSON-RPC on stdio, no SDK)
         return cmd_mcp

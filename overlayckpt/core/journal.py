@@ -151,6 +151,7 @@ def new_checkpoint(w: WriteTxn, seq: int, start: int, kind: str, name: str | Non
     w.put(CKPTS, u64(cid), ck.pack(), append=True)
     if name:
         w.put(NAMES, name.encode(), u64(cid))
+    w.made_checkpoint(kind)
     return ck
 
 

@@ -459,11 +459,12 @@ class Overlay(Tree):
         return self._mutate(caller, "write", self._write(ino, off, data, logged))
 
     def write_later(self, caller: Caller, ino: int, off: int, data: bytes, logged: bytes,
-                    failed: Callable[[Exception], None]) -> None:
+                    failed: Callable[[Exception], None], since: int = 0) -> None:
         """A write its writer was told is done (write-behind), stored with the next write
-        transaction or when ino is read (Store.defer); failed(e) if it fails on its own."""
+        transaction or when ino is read (Store.defer); failed(e) if it fails on its own.
+        since: when its request arrived (Store.on_deferred_stored)."""
         self.store.defer(self._journaled(caller, "write", self._write(ino, off, data, logged)), failed, ino,
-                         len(data))
+                         len(data), since)
 
     def _write(self, ino: int, off: int, data: bytes, logged: bytes | None) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:

@@ -63,7 +63,7 @@ CONV_MAX_LINE = MAX_HOOK_LINE
 CTL_SIZE = 2 * MAX_LINE
 # seconds an interrupt waits for the cut-short commands' clients to close ctl
 STOP_GRACE = 0.5
-INSTANT = frozenset({"status", "set_apply"})  # never refused: they hold ctl for no time
+INSTANT = frozenset({"status", "set_apply", "stats"})  # never refused: they hold ctl for no time
 
 FILES = {b"ctl": CTL_INO, b"status.json": STATUS_INO, b"conversation.jsonl": CONV_INO,
          b"checkpoints": CKPTS_INO}

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 
+from overlayckpt.core.latency import BUCKETS, Histogram
 from overlayckpt.records import CONTROL_INO_BASE
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,17 @@ _lib: ctypes.CDLL | None = None
 _request_pid: ctypes.c_int | None = None
 _request_seq: ctypes.c_uint64 | None = None
 _request_next: ctypes.c_uint64 | None = None
+_request_arrival: ctypes.c_uint64 | None = None
+
+
+class _Hist(ctypes.Structure):
+    """kcache.h's struct hist."""
+    _fields_ = [("sum_ns", ctypes.c_uint64), ("max_ns", ctypes.c_uint64),
+                ("errors", ctypes.c_uint64), ("buckets", ctypes.c_uint64 * BUCKETS)]
+
+
+# kcache.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
+STATS_KINDS = ("write", "write_early", "read", "fsync")
 
 
 def _library_path() -> str | None:
@@ -79,10 +91,13 @@ def preload() -> None:
     lib.kcache_publish_dir_attrs.restype = None
     lib.kcache_drop_dir_attrs.restype = None
     lib.kcache_serve_promptly.restype = ctypes.c_int
-    global _request_pid, _request_seq, _request_next
+    lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.kcache_hist_bucket.restype = ctypes.c_uint
+    global _request_pid, _request_seq, _request_next, _request_arrival
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
     _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
     _request_next = ctypes.c_uint64.in_dll(lib, "kcache_request_next")
+    _request_arrival = ctypes.c_uint64.in_dll(lib, "kcache_request_arrival")
     _lib = lib
 
 
@@ -156,6 +171,24 @@ def request_logged() -> tuple[int, int] | None:
     if _request_seq is None or not _request_seq.value:
         return None
     return _request_seq.value, _request_next.value  # type: ignore[union-attr]
+
+
+def request_arrival() -> int:
+    """When the write request being handled arrived (time.monotonic_ns(); 0: unknown)."""
+    return _request_arrival.value if _request_arrival is not None else 0
+
+
+def request_latency() -> dict[str, Any] | None:
+    """The reply latency of the reads, writes and fsyncs C has timed (stats.c), by kind (STATS_KINDS),
+    and "untimed": how many it could not time; None when the library serves no session."""
+    if _lib is None or not active():
+        return None
+    raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "kcache_stats")
+    out: dict[str, Any] = {}
+    for name, h in zip(STATS_KINDS, raw):
+        out[name] = Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
+    out["untimed"] = ctypes.c_uint64.in_dll(_lib, "kcache_stats_untimed").value
+    return out
 
 
 def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:

@@ -28,6 +28,7 @@ from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.context import Invalidate, no_invalidate
+from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
@@ -258,10 +259,14 @@ class Operations(pyfuse3.Operations):
 
     def __init__(self, overlay: Overlay, control: ControlFs, *,
                  invalidate: Invalidate = no_invalidate,
-                 kernel_handles: Callable[[], bool] = lambda: False) -> None:
+                 kernel_handles: Callable[[], bool] = lambda: False,
+                 capture: Captures | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
-        _kcache.c serves the session, asked once, at the first open (after the mount)."""
+        _kcache.c serves the session, asked once, at the first open (after the mount);
+        capture: where the capture latency of writes is recorded (overlayckpt stats)."""
         super().__init__()
+        self.capture = capture if capture is not None else Captures()
+        overlay.store.on_deferred_stored = self._captured_later
         self.ov = overlay
         self.ctl = control
         self.comms = Comms()
@@ -487,7 +492,7 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
-            pid, logged = kcache.request_pid(), kcache.request_logged()
+            pid, logged, arrival = kcache.request_pid(), kcache.request_logged(), kcache.request_arrival()
             ino = fh ^ KERNEL_HANDLE
             if pid:
                 caller = self.comms.caller(pid)
@@ -495,9 +500,12 @@ class Operations(pyfuse3.Operations):
             else:  # page writeback: the file's last writer dirtied those pages
                 caller = self.writers.of(ino)
             if logged is not None:
-                return await self._write_behind(caller, ino, off, buf, logged)
+                return await self._write_behind(caller, ino, off, buf, logged, arrival)
             await self._keep_up()
-            return self.ov.write(caller, ino, off, buf)
+            written = self.ov.write(caller, ino, off, buf)
+            if arrival:  # captured (and committed) before the reply
+                self.capture.before_reply.record(time.monotonic_ns() - arrival)
+            return written
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)
@@ -522,8 +530,12 @@ class Operations(pyfuse3.Operations):
             kcache.stop_write_behind()
             self._behind_held = True
 
+    def _captured_later(self, arrivals: list[int]) -> None:
+        """Writes acknowledged before their capture (write-behind) are in the store now."""
+        self.capture.after_reply.record_since(time.monotonic_ns(), arrivals)
+
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
-                            logged: tuple[int, int]) -> int:
+                            logged: tuple[int, int], arrival: int) -> int:
         """Store a write whose writer was told it is done (see _kcache.c), with the next
         write transaction or soon after (Overlay.write_later): a failure can only be kept
         for the file's next fsync, as a native file system does."""
@@ -550,7 +562,7 @@ class Operations(pyfuse3.Operations):
             except RuntimeError:
                 pass  # stored at unmount, outside the loop: the kernel holds nothing any more
 
-        self.ov.write_later(caller, ino, off, buf, done, failed)
+        self.ov.write_later(caller, ino, off, buf, done, failed, arrival)
         if not self._storing_soon:
             self._storing_soon = True
             trio.lowlevel.spawn_system_task(self._store_deferred_soon)

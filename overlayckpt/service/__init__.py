@@ -4,4 +4,4 @@ The one place that imports the command modules for their registrations
 (registry.py): any import of overlayckpt.service.* runs this first, so a Session
 always finds every command.
 """
-from overlayckpt.service import commands, export_commands  # noqa: F401  (register commands)
+from overlayckpt.service import commands, export_commands, stats  # noqa: F401  (register commands)

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
+from overlayckpt.core.latency import Captures, Histogram
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
@@ -41,12 +42,29 @@ def no_kernel_status() -> dict[str, Any]:
     return {"kernel_dir_cache": False, "repo_read_ahead": None}
 
 
+# What the stats command reads of the mount's request path, given by the mount at
+# construction: the reply latency of reads and writes that the C library times
+# (fuse/kcache.py request_latency: "write", "write_early", "read", "fsync", "untimed"), None
+# without it; a session opened without a mount has none.
+RequestStats = Callable[[], dict[str, Any] | None]
+
+
+def no_request_stats() -> dict[str, Any] | None:
+    return None
+
+
+# the commands whose time from arrival to answer stats reports (durability included)
+TIMED_COMMANDS = ("checkpoint", "restore")
+
+
 class Session:
     """A session's parts (ctx, handed to the core) and what only the service keeps:
     apply-on-unmount, the log's line counts, the mount's kernel status."""
 
     def __init__(self, ctx: Context, *, apply_on_exit: bool = False,
-                 kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False) -> None:
+                 kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False,
+                 request_stats: RequestStats = no_request_stats,
+                 captures: Captures | None = None) -> None:
         self.ctx = ctx
         # the same objects as ctx's: a Session serves wherever the core takes a Context
         self.store = ctx.store
@@ -62,6 +80,11 @@ class Session:
         # thin and gc one at a time: each plans in a snapshot, then writes what still holds
         self._maintenance = trio.Lock()
         self.kernel_status = kernel_status
+        # overlayckpt stats: since this session was opened (by the daemon: its mount)
+        self.request_stats = request_stats
+        self.captures = captures if captures is not None else Captures()
+        self.command_times = {name: Histogram() for name in TIMED_COMMANDS}
+        self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
         self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
 
@@ -80,9 +103,13 @@ class Session:
              mountpoint: str | None = None, apply_on_exit: bool = False,
              invalidate: Invalidate = no_invalidate, flush_kernel: FlushKernel = no_flush,
              warm: Callable[[int], bool] | None = None,
-             kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False) -> "Session":
+             kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False,
+             request_stats: RequestStats = no_request_stats,
+             captures: Captures | None = None) -> "Session":
         """Open (or create) the session in store_dir; the mount passes its kernel hooks,
-        the read-ahead of the repo (warm) and its kernel status, everyone else none."""
+        the read-ahead of the repo (warm), its kernel status and what stats reports of its
+        requests (request_stats, and captures: where its adapter records capture times),
+        everyone else none."""
         info = read_info(store_dir)
         if repo is None and not os.path.exists(os.path.join(store_dir, "data.mdb")):
             raise UserError(f"{store_dir} is not an overlayckpt session store")
@@ -124,7 +151,7 @@ class Session:
         ctx = Context(store, lower, overlay, os.path.realpath(repo), mountpoint,
                       invalidate=invalidate, flush_kernel=flush_kernel)
         return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status,
-                   sandboxed=sandboxed)
+                   sandboxed=sandboxed, request_stats=request_stats, captures=captures)
 
     @classmethod
     def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> "Session":
@@ -171,12 +198,16 @@ class Session:
             raise UserError(f"{name} is refused: this session is sandboxed (run --private) and "
                             f"{name} reaches outside it; after the run its user can act on the "
                             f"session with 'overlayckpt --store {self.store.path}'")
+        started = time.monotonic_ns()
         result = await handler(self, cmd)
         durable = DURABLE.get(name)
         if durable is not None and durable(cmd):
             await make_durable(self.store)
         elif durable is not None or name in SYNC_SOON:  # (a durable command's other calls)
             trio.lowlevel.spawn_system_task(self._sync_now)
+        timed = self.command_times.get(name)  # type: ignore[arg-type]
+        if timed is not None:
+            timed.record(time.monotonic_ns() - started)
         return result
 
     async def _sync_now(self) -> None:

@@ -48,6 +48,8 @@ from overlayckpt.tables import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# a deferred write (Store.defer): fn, failed, tag, since
+Deferred = tuple[Callable[["WriteTxn"], object], Callable[[Exception], None], int, int]
 
 
 # Block values start with one byte saying how the rest is encoded.
@@ -207,6 +209,17 @@ def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tupl
 
 
 class WriteTxn(ReadTxn):
+    # what this transaction captured and made, added to Store.tally once it commits
+    captured = 0  # bytes of the blocks put_block took, zeros and duplicates too
+    added = 0  # of those, the bytes of blocks new to the store
+    stored = 0  # what the new ones take in BLOCKS (compressed)
+    made: dict[str, int] | None = None  # checkpoints made, by kind
+
+    def made_checkpoint(self, kind: str) -> None:
+        if self.made is None:
+            self.made = {}
+        self.made[kind] = self.made.get(kind, 0) + 1
+
     def put(self, table: bytes, key: bytes, value: bytes, append: bool = False) -> None:
         if table == BLOCKS and len(key) == _DIGEST:  # (an import's, a salvage's)
             self.delete(BLOCKS, key)  # one entry per digest, split or whole
@@ -262,6 +275,7 @@ class WriteTxn(ReadTxn):
 
     def put_block(self, data: bytes) -> bytes:
         """Store one block once, keyed by its blake3 digest; zeros are not stored."""
+        self.captured += len(data)
         if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
             return ZERO_BLOCK
         digest = blake3.blake3(data).digest()
@@ -269,6 +283,8 @@ class WriteTxn(ReadTxn):
             raw = self.store.encode_block(data)
             self._put_block(digest, raw)
             self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
+            self.added += len(data)
+            self.stored += len(raw)
         return digest
 
     def set_meta_int(self, name: bytes, value: int) -> None:
@@ -288,6 +304,9 @@ class Store:
     # thread, in the request that writes (overlay.keep_up)
     writes_wait = True
     _deferring_thread: int | None = None  # (none in a ReaderStore: it never defers)
+    # called with the arrival times (defer's since) of deferred writes once committed: a
+    # server that defers sets it, to time their capture (overlayckpt stats)
+    on_deferred_stored: Callable[[list[int]], None] | None = None
 
     def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
                  new: bool, cache_lost: bool, last: synced.Record | None) -> None:
@@ -352,8 +371,11 @@ class Store:
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._auto: Future[None] | None = None  # the automatic sync point under way
         # writes stored with the next write transaction (defer), and the thread of that writer
-        self._deferred: list[tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int]] = []
+        self._deferred: list[Deferred] = []
         self._deferred_bytes = 0
+        # since open, of commits (WriteTxn's counters; overlayckpt stats): captured_bytes,
+        # new_bytes, stored_bytes, and checkpoints_KIND
+        self.tally: dict[str, int] = {"captured_bytes": 0, "new_bytes": 0, "stored_bytes": 0}
         if new:
             synced.fsync_dir(path)  # data.mdb and lock.mdb themselves
         self.sync()  # this incarnation's baseline: a crash from now on rolls back no further
@@ -478,18 +500,19 @@ class Store:
     # commit for several writes, or for a write and the create or rename after it.
 
     def defer(self, fn: Callable[[WriteTxn], object], failed: Callable[[Exception], None],
-              tag: int, size: int) -> None:
+              tag: int, size: int, since: int = 0) -> None:
         """Run fn before the next write transaction of this thread. failed(e): fn failed on
-        its own. tag: what fn changes (an inode), for deferring; size: its bytes."""
+        its own. tag: what fn changes (an inode), for deferring; size: its bytes; since:
+        when its request arrived (for on_deferred_stored)."""
         self._deferring_thread = threading.get_ident()
-        self._deferred.append((fn, failed, tag))
+        self._deferred.append((fn, failed, tag, since))
         self._deferred_bytes += size
         if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
             self.store_deferred()
 
     def deferring(self, tag: int) -> bool:
         """Whether a deferred write has that tag."""
-        return any(t == tag for _, _, t in self._deferred)
+        return any(t == tag for _, _, t, _ in self._deferred)
 
     def deferred(self) -> int:
         return len(self._deferred)
@@ -516,22 +539,29 @@ class Store:
         taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
 
         def both(w: WriteTxn) -> T | None:
-            for deferred_fn, _, _ in taken:
+            for deferred_fn, _, _, _ in taken:
                 deferred_fn(w)
             return fn(w) if fn is not None else None
         try:
-            return self._commit(both)
+            result = self._commit(both)
         except Exception:  # noqa: BLE001 - then each on its own: only what failed fails
             self._commit_each(taken)
-        return self._commit(fn) if fn is not None else None
+            return self._commit(fn) if fn is not None else None
+        self._stored(taken)
+        return result
 
-    def _commit_each(self, taken: list[tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int]]
-                     ) -> None:
-        for fn, failed, _ in taken:
+    def _commit_each(self, taken: list[Deferred]) -> None:
+        for one in taken:
             try:
-                self._commit(fn)
+                self._commit(one[0])
             except Exception as e:  # noqa: BLE001 - the writer was answered: it is told later
-                failed(e)
+                one[1](e)
+            else:
+                self._stored([one])
+
+    def _stored(self, taken: list[Deferred]) -> None:
+        if self.on_deferred_stored is not None:
+            self.on_deferred_stored([since for _, _, _, since in taken])
 
     def _grown(self) -> int:
         return self.env.info()["last_pgno"] - self._point_pages
@@ -564,7 +594,11 @@ class Store:
         for attempt in range(2):
             try:
                 with self.env.begin(write=True, buffers=False) as txn:
-                    return fn(WriteTxn(self, txn))
+                    w = WriteTxn(self, txn)
+                    result = fn(w)
+                if w.captured or w.made:
+                    self._tally(w)
+                return result
             except lmdb.MapFullError:
                 if attempt:
                     raise FsError(errno.ENOSPC, "store map full") from None
@@ -575,6 +609,14 @@ class Store:
                     raise FsError(errno.ENOSPC, "no space left for the store") from None
                 raise
         raise AssertionError("unreachable")
+
+    def _tally(self, w: WriteTxn) -> None:
+        tally = self.tally
+        tally["captured_bytes"] += w.captured
+        tally["new_bytes"] += w.added
+        tally["stored_bytes"] += w.stored
+        for kind, n in (w.made or {}).items():
+            tally["checkpoints_" + kind] = tally.get("checkpoints_" + kind, 0) + n
 
     def _disk_full(self) -> bool:
         try:

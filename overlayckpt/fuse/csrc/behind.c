@@ -71,7 +71,7 @@ static uint64_t record_at(uint64_t pos, uint64_t need)
 /* In the reader thread: log a write and answer it now if it may wait, and mark
  * it answered. The budget keeps every unstored record from being overwritten:
  * the log is more than twice max_behind plus the largest record. */
-void acknowledge_write(struct fuse_session *se, char *mem, size_t len)
+void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t arrival)
 {
     const struct fuse_in_header *in = (const void *)mem;
     struct fuse_write_in *arg = (void *)(mem + sizeof(*in));
@@ -81,6 +81,7 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len)
     struct fuse_out_header out;
     struct fuse_write_out written;
     struct iovec iov[2];
+    uint64_t answered;
 
     if (limit == 0 || in->opcode != FUSE_WRITE || len < sizeof(*in) + sizeof(*arg) ||
         len - sizeof(*in) - sizeof(*arg) < arg->size || arg->size > limit / LARGEST_WRITE_SHARE ||
@@ -115,6 +116,7 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len)
     iov[1].iov_len = sizeof(written);
     /* count it before the writer can go on: the budget must hold what is answered */
     __atomic_add_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
+    answered = now_ns();
     if (writev(real_fd(se), iov, 2) != (ssize_t)out.len) {
         /* interrupted or aborted: unlog it, and Python answers as before */
         __atomic_sub_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
@@ -126,6 +128,7 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len)
     ring_head = pos + need;
     ring_seq++;
     arg->fh |= ACKNOWLEDGED;
+    stats_record(&kcache_stats[STATS_WRITE_EARLY], answered - arrival, 0);
 }
 
 uint64_t kcache_request_seq, kcache_request_next;  /* the record of the write being handled */

@@ -1,7 +1,8 @@
 /* The constants Python must agree with, exported so that a test can read them
  * from the built library (tests/test_kcache_constants.py) instead of trusting
- * comments: fuseops.KERNEL_HANDLE, records.CONTROL_INO_BASE, and behind.py's
- * HEADER and WRAPPED for the write-behind log's records. */
+ * comments: fuseops.KERNEL_HANDLE, records.CONTROL_INO_BASE, behind.py's
+ * HEADER and WRAPPED for the write-behind log's records, and core/latency.py's
+ * histogram layout. */
 #include "kcache.h"
 
 const uint64_t kcache_KERNEL_HANDLE = KERNEL_HANDLE;
@@ -15,3 +16,9 @@ const uint32_t kcache_LARGEST_WRITE_SHARE = LARGEST_WRITE_SHARE;
 const uint32_t kcache_RECORD_SIZE = sizeof(struct record);
 const uint32_t kcache_RECORD_FIELDS = 5;
 const uint32_t kcache_RECORD_LAYOUT[5][2] = {FIELD(seq), FIELD(ino), FIELD(off), FIELD(size), FIELD(pid)};
+
+/* struct hist (stats.c): its buckets, and its size (three u64, then the buckets) */
+const uint32_t kcache_HIST_SUB_BITS = HIST_SUB_BITS;
+const uint32_t kcache_HIST_BUCKETS = HIST_BUCKETS;
+const uint32_t kcache_HIST_SIZE = sizeof(struct hist);
+const uint32_t kcache_STATS_KINDS = STATS_KINDS;

@@ -33,7 +33,9 @@ typedef void (*open_fn)(fuse_req_t, fuse_ino_t, struct fuse_file_info *);
 typedef void (*getxattr_fn)(fuse_req_t, fuse_ino_t, const char *, size_t);
 typedef void (*write_fn)(fuse_req_t, fuse_ino_t, const char *, size_t, off_t, struct fuse_file_info *);
 typedef void (*readdir_fn)(fuse_req_t, fuse_ino_t, size_t, off_t, struct fuse_file_info *);
+typedef void (*read_fn)(fuse_req_t, fuse_ino_t, size_t, off_t, struct fuse_file_info *);
 typedef void (*fsyncdir_fn)(fuse_req_t, fuse_ino_t, int, struct fuse_file_info *);
+typedef void (*fsync_fn)(fuse_req_t, fuse_ino_t, int, struct fuse_file_info *);
 typedef void (*write_buf_fn)(fuse_req_t, fuse_ino_t, struct fuse_bufvec *, off_t, struct fuse_file_info *);
 typedef void (*init_fn)(void *, struct fuse_conn_info *);
 
@@ -43,6 +45,8 @@ static getxattr_fn py_getxattr;
 static write_buf_fn py_write_buf;
 static write_fn py_write;
 static readdir_fn py_readdirplus;
+static read_fn py_read;
+static fsync_fn py_fsync;
 static fsyncdir_fn py_fsyncdir;
 static init_fn py_init;
 uint64_t cache_below;  /* inodes from here on (control, views) are Python's */
@@ -141,20 +145,47 @@ static void getxattr_fast(fuse_req_t req, fuse_ino_t ino, const char *name, size
         py_getxattr(req, ino, name, size);
 }
 
+/* A write on its way to Python: its process, its arrival (Python times its capture
+   from it), its write-behind record if C answered it already (behind.c), else it is
+   timed until Python answers (stats.c). */
+static void write_arrives(fuse_req_t req, struct fuse_file_info *fi)
+{
+    uint64_t fh = fi->fh;
+
+    kcache_request_pid = fuse_req_ctx(req)->pid;
+    kcache_request_arrival = taken_arrival;
+    take_acknowledged(req, fi);
+    if ((fh & (KERNEL_HANDLE | ACKNOWLEDGED)) == KERNEL_HANDLE)
+        stats_pending(req, STATS_WRITE);
+}
+
 static void write_buf_with_pid(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
                                struct fuse_file_info *fi)
 {
-    kcache_request_pid = fuse_req_ctx(req)->pid;
-    take_acknowledged(req, fi);
+    write_arrives(req, fi);
     py_write_buf(req, ino, bufv, off, fi);  /* the Python handler reads the pid first thing */
 }
 
 static void write_with_pid(fuse_req_t req, fuse_ino_t ino, const char *data, size_t size, off_t off,
                            struct fuse_file_info *fi)
 {
-    kcache_request_pid = fuse_req_ctx(req)->pid;
-    take_acknowledged(req, fi);
+    write_arrives(req, fi);
     py_write(req, ino, data, size, off, fi);
+}
+
+static void read_timed(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    if (fi->fh & KERNEL_HANDLE)  /* (not the control and view files: Python's handles) */
+        stats_pending(req, STATS_READ);
+    py_read(req, ino, size, off, fi);
+}
+
+/* (an O_DSYNC or O_SYNC write is a WRITE and then an FSYNC: its writer waits for both) */
+static void fsync_timed(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    if (fi->fh & KERNEL_HANDLE)
+        stats_pending(req, STATS_FSYNC);
+    py_fsync(req, ino, datasync, fi);
 }
 
 /* libfuse has the kernel drop a file's pages whenever a GETATTR shows a new mtime
@@ -173,7 +204,7 @@ int fastpath_can_wrap(const struct fuse_lowlevel_ops *op, size_t op_size)
 {
     return !(op_size > sizeof(ops) || cache_below == 0 || !op->open || !op->release ||
              !op->opendir || !op->getxattr || !op->write_buf || !op->write || !op->readdirplus ||
-             !op->fsyncdir || !op->init);
+             !op->fsyncdir || !op->init || !op->read || !op->fsync);
 }
 
 /* pyfuse3's handlers with ours in front, for fuse_session_new. */
@@ -188,6 +219,8 @@ const struct fuse_lowlevel_ops *fastpath_wrap(const struct fuse_lowlevel_ops *op
     py_readdirplus = ops.readdirplus;
     py_fsyncdir = ops.fsyncdir;
     py_init = ops.init;
+    py_read = ops.read;
+    py_fsync = ops.fsync;
     ops.open = open_fast;
     ops.release = release_fast;
     ops.opendir = opendir_fast;
@@ -197,5 +230,7 @@ const struct fuse_lowlevel_ops *fastpath_wrap(const struct fuse_lowlevel_ops *op
     ops.readdirplus = readdirplus_by_inode;
     ops.fsyncdir = fsyncdir_by_inode;
     ops.init = init_keep_written_pages;
+    ops.read = read_timed;
+    ops.fsync = fsync_timed;
     return &ops;
 }

@@ -2,7 +2,8 @@
  * library stands in for (see kcache.h). Each looks libfuse's own up, leaves any
  * session but the wrapped one as it is, and hands the rest to the file that owns
  * it: fastpath.c (the handlers), queue.c (the reader thread and the queue),
- * behind.c (the answers to acknowledged writes), warm.c (its threads' stop). */
+ * behind.c (the answers to acknowledged writes), warm.c (its threads' stop),
+ * stats.c (the latency of the reads, writes and fsyncs Python answers). */
 #include "kcache.h"
 
 struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
@@ -13,6 +14,7 @@ void (*real_destroy)(struct fuse_session *);
 int (*real_reply_write)(fuse_req_t, size_t);
 int (*real_reply_err)(fuse_req_t, int);
 int (*real_reply_open)(fuse_req_t, const struct fuse_file_info *);
+int (*real_reply_buf)(fuse_req_t, const char *, size_t);
 
 struct fuse_session *wrapped;  /* the one session whose handlers go through here */
 
@@ -31,8 +33,9 @@ static int bind_libfuse(void)
     real_reply_write = dlsym(lib, "fuse_reply_write");
     real_reply_err = dlsym(lib, "fuse_reply_err");
     real_reply_open = dlsym(lib, "fuse_reply_open");
+    real_reply_buf = dlsym(lib, "fuse_reply_buf");
     return real_new && real_fd && real_receive && real_process && real_destroy &&
-           real_reply_write && real_reply_err && real_reply_open ? 0 : -1;
+           real_reply_write && real_reply_err && real_reply_open && real_reply_buf ? 0 : -1;
 }
 
 struct fuse_session *fuse_session_new(struct fuse_args *args, const struct fuse_lowlevel_ops *op,
@@ -77,17 +80,46 @@ void fuse_session_destroy(struct fuse_session *se)
     real_destroy(se);
 }
 
+/* The replies to the reads, writes and fsyncs stats.c times: the time is taken just before
+ * the reply goes to the kernel, and recorded after. Only pyfuse3's thread notes
+ * requests (stats_pending); libfuse may answer from the reader thread too, which must
+ * not read the lists. */
+#define TIMED_REPLY(call, error) do {                                     \
+        struct pending p;                                                 \
+        uint64_t at;                                                      \
+        int res;                                                          \
+        if (!pending_count || in_reader_thread() || !stats_take_pending(req, &p)) \
+            return call;                                                  \
+        at = now_ns();                                                    \
+        res = call;                                                       \
+        stats_replied(&p, at, error);                                     \
+        return res;                                                       \
+    } while (0)
+
 int fuse_reply_write(fuse_req_t req, size_t count)
 {
-    return drop_acknowledged(req) ? 0 : real_reply_write(req, count);
+    if (real_reply_write == NULL && bind_libfuse() != 0)
+        return -ENOSYS;
+    if (drop_acknowledged(req))
+        return 0;
+    TIMED_REPLY(real_reply_write(req, count), 0);
 }
 
-/* libfuse may answer errors from the reader thread too, which must not read the list */
 int fuse_reply_err(fuse_req_t req, int err)
 {
+    if (real_reply_err == NULL && bind_libfuse() != 0)
+        return -ENOSYS;
     if (behind_count && !in_reader_thread() && drop_acknowledged(req))
         return 0;
-    return real_reply_err(req, err);
+    TIMED_REPLY(real_reply_err(req, err), err != 0);
+}
+
+/* (pyfuse3 answers every read with it) */
+int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size)
+{
+    if (real_reply_buf == NULL && bind_libfuse() != 0)
+        return -ENOSYS;
+    TIMED_REPLY(real_reply_buf(req, buf, size), 0);
 }
 
 /* Python's direct-I/O files (the control files, checkpoint views) take writes in

@@ -26,6 +26,9 @@
  * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
  * - dirattrs.c: directory attributes Python publishes after a change, and the
  *   GETATTRs of them that follow, answered by the reader thread.
+ * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
+ *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
+ *   stats).
  * - constants.c: the constants below that Python must agree with, exported for
  *   tests/test_kcache_constants.py.
  */
@@ -80,6 +83,32 @@ struct record {
    LOG_SIZE must be more than twice kcache.MAX_BEHIND plus that) */
 #define LARGEST_WRITE_SHARE 4
 
+/* Latency histograms (stats.c; core/latency.py reads the same layout): a value of
+ * v ns is counted in bucket v below 16, else, with s = bitlength(v) - 4, in bucket
+ * s * 8 + (v >> s): 8 buckets per power of two, each within 12.5% of its values,
+ * up to 2^37 ns (137 s; longer ones go to the last bucket, max_ns stays exact). */
+#define HIST_SUB_BITS 3
+#define HIST_BUCKETS 280
+struct hist {
+    uint64_t sum_ns;
+    uint64_t max_ns;
+    uint64_t errors;   /* answered with an error */
+    uint64_t buckets[HIST_BUCKETS];
+};
+/* kcache_stats[kind]: each written by one thread only (the reader thread for
+   STATS_WRITE_EARLY, pyfuse3's for the others) */
+enum { STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_KINDS };
+extern struct hist kcache_stats[STATS_KINDS];
+extern uint64_t kcache_request_arrival;  /* the write being handled: its arrival */
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);  /* Python's time.monotonic_ns() */
+    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
 /* -- shared between the files (hidden: the library is loaded RTLD_GLOBAL) ------ */
 
 #pragma GCC visibility push(hidden)
@@ -94,6 +123,7 @@ extern void (*real_destroy)(struct fuse_session *);
 extern int (*real_reply_write)(fuse_req_t, size_t);
 extern int (*real_reply_err)(fuse_req_t, int);
 extern int (*real_reply_open)(fuse_req_t, const struct fuse_file_info *);
+extern int (*real_reply_buf)(fuse_req_t, const char *, size_t);
 extern struct fuse_session *wrapped;
 
 /* fastpath.c */
@@ -111,9 +141,18 @@ int in_reader_thread(void);
 
 /* behind.c */
 extern int behind_count;  /* used only by pyfuse3's thread */
-void acknowledge_write(struct fuse_session *se, char *mem, size_t len);
+void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t arrival);
 void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi);
 int drop_acknowledged(fuse_req_t req);
+
+/* stats.c (pyfuse3's thread, but stats_record) */
+extern uint64_t taken_arrival;  /* when the request pyfuse3 took last arrived */
+void stats_record(struct hist *h, uint64_t ns, int error);
+void stats_pending(fuse_req_t req, int kind);
+extern int pending_count;
+struct pending { fuse_req_t req; uint64_t arrival; int kind; };
+int stats_take_pending(fuse_req_t req, struct pending *out);
+void stats_replied(const struct pending *p, uint64_t at, int error);
 
 /* warm.c */
 void warm_stop_all(void);

@@ -22,6 +22,7 @@ static int reader_started;
 struct item {
     struct item *next;
     int res;  /* what fuse_session_receive_buf returned: > 0 a request of that size */
+    uint64_t arrival;  /* when the reader thread read it (now_ns) */
     char mem[];
 };
 
@@ -32,7 +33,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
    without the lock, so it is stored atomically */
 static struct item *head, *tail;
 
-static void push(int res, const char *mem)
+static void push(int res, const char *mem, uint64_t arrival)
 {
     struct item *it = malloc(sizeof(*it) + (res > 0 ? (size_t)res : 0));
     char one = 1;
@@ -41,6 +42,7 @@ static void push(int res, const char *mem)
         abort();  /* a request dropped would hang its caller for ever */
     it->next = NULL;
     it->res = res;
+    it->arrival = arrival;
     if (res > 0)
         memcpy(it->mem, mem, (size_t)res);
     pthread_mutex_lock(&lock);
@@ -91,6 +93,7 @@ static void *read_requests(void *arg)
     struct fuse_session *se = arg;
     struct fuse_buf buf = {0};
     sigset_t others;
+    uint64_t arrival;
     int res;
 
     /* process-wide signals are the Python main thread's to take */
@@ -100,13 +103,14 @@ static void *read_requests(void *arg)
     kcache_serve_promptly();
     for (;;) {
         res = real_receive(se, &buf);
+        arrival = now_ns();  /* the request's arrival, as near the kernel as we get */
         if (res == -EINTR) {
             if (stopping)
                 break;
             continue;
         }
         if (res <= 0) {
-            push(res, NULL);
+            push(res, NULL, 0);
             break;
         }
         if (dir_attrs_answer(se, buf.mem, (size_t)res))
@@ -114,8 +118,8 @@ static void *read_requests(void *arg)
         if (request_is_fast(buf.mem, (size_t)res))
             real_process(se, &buf);
         else {
-            acknowledge_write(se, buf.mem, (size_t)res);
-            push(res, buf.mem);
+            acknowledge_write(se, buf.mem, (size_t)res, arrival);
+            push(res, buf.mem, arrival);
         }
     }
     free(buf.mem);
@@ -192,6 +196,7 @@ int queue_take(struct fuse_buf *buf)
     while (read(wake[0], &one, 1) < 0 && errno == EINTR)
         ;
     res = it->res;
+    taken_arrival = it->arrival;  /* for the handler process_buf runs next (fastpath.c) */
     dir_attrs_taking(it->mem, (size_t)res);  /* before Python handles what may change them */
     memmove(it, it->mem, (size_t)res);  /* the request at the start of the block */
     free(buf->mem);  /* pyfuse3 frees what it holds last; hand it ours */
