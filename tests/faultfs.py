@@ -1,7 +1,9 @@
 """faultfs: an in-memory FUSE file system that simulates a power cut.
 
-    python tests/faultfs.py IMAGE_DIR MOUNTPOINT [--seed N] [--mode reorder|drop]
+    python tests/faultfs.py IMAGE_DIR MOUNTPOINT [--seed N] [--mode reorder|drop|torn]
                             [--fsync-commits-namespace] [--hold-fsync NAME]
+                            [--torn-file NAME] [--cut-at-write K] [--torn-order prefix|suffix]
+                            [--torn-split J] [--stable-inodes]
 
 At start the directory tree IMAGE_DIR (directories and regular files: modes,
 sizes, contents, mtimes) is loaded into memory: it is "the disk". Everything is
@@ -30,6 +32,18 @@ nothing more is recorded) and writes the crash image:
   page may persist while an earlier one does not), each file's size one of its
   durable or pending sizes. An inode the resulting namespace does not reach
   loses its data.
+- mode torn (a torn sequence, as LazyFS's torn-seq): per file, the writes made
+  since its last fsync are numbered 1..n; a contiguous run of them persists, in
+  order, and every other one is dropped (its pages keep their durable content;
+  the size is the one after the run's last write). For the file named by
+  --torn-file (data.mdb) the run is fixed by --torn-order and --torn-split J:
+  suffix keeps writes J+1..n (1..J dropped), prefix keeps 1..J; J < 0 picks it
+  from the seed. Other files get a random run, the namespace a random prefix.
+  With --cut-at-write K the cut comes by itself: once IMAGE_DIR + ".arm"
+  exists, the first time the --torn-file file gets the K-th write of a group
+  (the writes since its last fsync), that write is applied and the power goes
+  (the write fails with EIO). The report then says "auto": true, the group's
+  number ("group": fsyncs of the file before it) and the run kept.
 Random choices come from --seed, so a cut can be replayed (given the same
 requests). The image is written to a new directory next to IMAGE_DIR, then
 swapped in (renameat2 RENAME_EXCHANGE), so a crash of faultfs itself never
@@ -50,13 +64,16 @@ fsync of any file named NAME waits (other requests go on), and IMAGE_DIR + ".hel
 exists while one waits.
 
 Locks (fcntl/flock) are left to the kernel (no lock handlers). Inode numbers
-start at a random base on every mount. Entry and attribute timeouts are 0.
+start at a random base on every mount, unless --stable-inodes (as a pass-through
+file system such as LazyFS, whose files keep their numbers across its remounts:
+a cut is then not told by a new inode number). Entry and attribute timeouts are 0.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import random
@@ -79,7 +96,7 @@ RENAME_EXCHANGE = 2
 
 class Node:
     __slots__ = ("ino", "mode", "uid", "gid", "nlink", "atime", "mtime", "ctime", "size", "pages",
-                 "children", "pending", "dsize", "dpages")
+                 "children", "pending", "dsize", "dpages", "wno", "name", "fsyncs")
 
     def __init__(self, ino: int, mode: int, uid: int = 0, gid: int = 0) -> None:
         now = time.time_ns()
@@ -92,10 +109,14 @@ class Node:
         self.size = 0
         self.pages: dict[int, bytes] = {}   # volatile content (absent = zeros)
         self.children: dict[bytes, int] | None = {} if stat.S_ISDIR(mode) else None
-        # (page index or None, page after the write or None, size after it)
-        self.pending: list[tuple[int | None, bytes | None, int]] = []
+        # (page index or None, page after the write or None, size after it, write number:
+        # 1.. since the last fsync, all pages of one write or truncate sharing it)
+        self.pending: list[tuple[int | None, bytes | None, int, int]] = []
+        self.wno = 0
         self.dsize = 0                      # durable size and pages
         self.dpages: dict[int, bytes] = {}
+        self.name = b""                     # the name it was made or loaded under
+        self.fsyncs = 0
 
     @property
     def is_dir(self) -> bool:
@@ -120,7 +141,9 @@ class FaultFs(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, image: str, seed: int, mode: str, ns_on_fsync: bool,
-                 hold_name: bytes | None = None) -> None:
+                 hold_name: bytes | None = None, torn_file: bytes = b"data.mdb",
+                 cut_at_write: int = 0, torn_order: str = "suffix", torn_split: int = -1,
+                 stable_inodes: bool = False) -> None:
         super().__init__()
         self.image = os.path.abspath(image)
         self.hold_name = hold_name
@@ -129,8 +152,16 @@ class FaultFs(pyfuse3.Operations):
         self.ns_on_fsync = ns_on_fsync
         self.frozen = False
         self.reported = False
+        self.torn_file = torn_file
+        self.cut_at_write = cut_at_write
+        self.torn_order = torn_order
+        self.torn_split = torn_split
+        self.auto_cut: dict[str, Any] | None = None  # what the automatic cut cut
         sysrng = random.SystemRandom()
-        self._next_ino = sysrng.randrange(1 << 32, 1 << 56)  # a fresh number space per mount
+        # a fresh number space per mount, or numbers from paths (--stable-inodes)
+        self.stable_inodes = stable_inodes
+        self._paths: dict[int, bytes] = {}
+        self._next_ino = (1 << 56) if stable_inodes else sysrng.randrange(1 << 32, 1 << 56)
         self.nodes: dict[int, Node] = {}
         self.handles: dict[int, int] = {}   # fh -> ino
         self.dirhandles: dict[int, list[tuple[bytes, int]]] = {}
@@ -144,7 +175,16 @@ class FaultFs(pyfuse3.Operations):
 
     # -- loading the disk --------------------------------------------------------
 
-    def _new_ino(self) -> int:
+    def _new_ino(self, parent: int = 0, name: bytes = b"") -> int:
+        if self.stable_inodes and parent:
+            # the number its path gets at every mount (a pass-through file system's: the
+            # backing file's), so that only a rename changes it
+            path = self._paths.get(parent, b"") + b"/" + name
+            ino = (1 << 32) + int.from_bytes(hashlib.blake2b(path, digest_size=6).digest(), "little")
+            while ino in self.nodes:
+                ino += 1
+            self._paths[ino] = path
+            return ino
         ino = self._next_ino
         self._next_ino += 1
         return ino
@@ -169,8 +209,9 @@ class FaultFs(pyfuse3.Operations):
             st = e.stat(follow_symlinks=False)
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # only directories and regular files make up an image
-            node = Node(self._new_ino(), st.st_mode, st.st_uid, st.st_gid)
+            node = Node(self._new_ino(dnode.ino, os.fsencode(e.name)), st.st_mode, st.st_uid, st.st_gid)
             node.atime, node.mtime, node.ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+            node.name = os.fsencode(e.name)
             self.nodes[node.ino] = node
             dnode.children[os.fsencode(e.name)] = node.ino
             if node.is_dir:
@@ -239,31 +280,35 @@ class FaultFs(pyfuse3.Operations):
                 b[s - pstart:e - pstart] = buf[s - off:e - off]
                 page = bytes(b)
             node.pages[idx] = page
-            node.pending.append((idx, page, newsize))
+            node.pending.append((idx, page, newsize, node.wno + 1))
+        node.wno += 1
         node.size = newsize
         self.counts["writes"] += 1
 
     def _truncate(self, node: Node, size: int) -> None:
+        node.wno += 1
         if size < node.size:
             keep = (size + PAGE - 1) // PAGE
             # pages the cut could otherwise bring back under a later, larger size
             for idx in sorted(set(node.pages) | set(node.dpages)):
                 if idx >= keep:
                     node.pages.pop(idx, None)
-                    node.pending.append((idx, ZERO, size))
+                    node.pending.append((idx, ZERO, size, node.wno))
             if size % PAGE and (size // PAGE) in node.pages:
                 idx = size // PAGE
                 b = bytearray(node.pages[idx])
                 b[size % PAGE:] = bytes(PAGE - size % PAGE)
                 node.pages[idx] = bytes(b)
-                node.pending.append((idx, node.pages[idx], size))
+                node.pending.append((idx, node.pages[idx], size, node.wno))
         node.size = size
-        node.pending.append((None, None, size))
+        node.pending.append((None, None, size, node.wno))
 
     def _make_durable(self, node: Node) -> None:
         node.dpages = dict(node.pages)
         node.dsize = node.size
         node.pending.clear()
+        node.wno = 0
+        node.fsyncs += 1
 
     def _commit_namespace(self) -> None:
         for op in self.nslog:
@@ -314,7 +359,8 @@ class FaultFs(pyfuse3.Operations):
         d = self._dir(parent_inode)
         if name in d.children:
             raise fail(errno.EEXIST)
-        node = Node(self._new_ino(), mode, ctx.uid, ctx.gid)
+        node = Node(self._new_ino(parent_inode, name), mode, ctx.uid, ctx.gid)
+        node.name = name
         self.nodes[node.ino] = node
         d.children[name] = node.ino
         if node.is_dir:
@@ -385,6 +431,11 @@ class FaultFs(pyfuse3.Operations):
         node = self._node(self.handles[fh])
         self._write(node, off, buf)
         self._touch(node)
+        if self.cut_at_write and node.wno == self.cut_at_write and node.name == self.torn_file \
+                and os.path.exists(self.image + ".arm"):
+            self.auto_cut = {"group": node.fsyncs, "at_write": node.wno}
+            self.write_report(self.cut())
+            raise fail(errno.EIO)  # the power went during this write
         return len(buf)
 
     @guarded
@@ -545,7 +596,7 @@ class FaultFs(pyfuse3.Operations):
         dmode = dict(self.dmode)
         ns_pending = len(self.nslog)
         pages_pending = sum(sum(1 for p in n.pending if p[0] is not None) for n in self.nodes.values())
-        report: dict[str, Any] = {"event": "cut", "mode": self.mode, "seed": self.seed,
+        report: dict[str, Any] = {"event": "cut", "time": time.time(), "mode": self.mode, "seed": self.seed,
                                   "ns_pending": ns_pending, "pages_pending": pages_pending}
         contents: dict[int, tuple[int, dict[int, bytes]]] = {}
         persisted = 0
@@ -564,7 +615,7 @@ class FaultFs(pyfuse3.Operations):
                 pages = dict(node.dpages)
                 chosen = [v for v in node.pending if v[0] is not None and rng.random() < p]
                 rng.shuffle(chosen)
-                for idx, page, _ in chosen:
+                for idx, page, *_ in chosen:
                     pages[idx] = page
                 persisted += len(chosen)
                 size = rng.choice([node.dsize] + [v[2] for v in node.pending])
@@ -572,6 +623,39 @@ class FaultFs(pyfuse3.Operations):
                 contents[ino] = (size, pages)
             report["pages_persisted"] = persisted
             report["sizes_changed"] = sizes_changed
+        elif self.mode == "torn":
+            k = rng.randint(0, ns_pending)
+            for op in self.nslog[:k]:
+                apply_ns(dtree, dmode, op)
+            report["ns_persisted"] = k
+            runs = {}
+            for ino in sorted(self.nodes):
+                node = self.nodes[ino]
+                if node.is_dir:
+                    continue
+                n = node.wno
+                if node.name == self.torn_file and n:
+                    j = self.torn_split if self.torn_split >= 0 else rng.randint(0, n)
+                    j = min(j, n)
+                    first, last = (j + 1, n) if self.torn_order == "suffix" else (1, j)
+                    runs[os.fsdecode(node.name)] = [first, last, n]
+                else:
+                    first = rng.randint(1, n + 1)
+                    last = rng.randint(first - 1, n)
+                pages = dict(node.dpages)
+                size = node.dsize
+                for idx, page, psize, wno in node.pending:
+                    if first <= wno <= last:
+                        if idx is not None:
+                            pages[idx] = page
+                            persisted += 1
+                        size = psize
+                contents[ino] = (size, pages)
+            report["pages_persisted"] = persisted
+            report["runs"] = runs  # the torn file's run: [first, last, writes in the group]
+            if self.auto_cut is not None:
+                report["auto"] = True
+                report.update(self.auto_cut)
         else:
             report["ns_persisted"] = 0
             report["pages_persisted"] = 0
@@ -712,14 +796,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("image")
     p.add_argument("mountpoint")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mode", choices=("reorder", "drop"), default="reorder")
+    p.add_argument("--mode", choices=("reorder", "drop", "torn"), default="reorder")
+    p.add_argument("--torn-file", default="data.mdb",
+                   help="torn mode: the file whose writes the cut position and run count")
+    p.add_argument("--cut-at-write", type=int, default=0, metavar="K",
+                   help="torn mode: cut at the K-th write of a group of --torn-file, once armed")
+    p.add_argument("--torn-order", choices=("suffix", "prefix"), default="suffix",
+                   help="torn mode: suffix keeps writes J+1..n of the group, prefix 1..J")
+    p.add_argument("--torn-split", type=int, default=-1, metavar="J",
+                   help="torn mode: J (default: from the seed)")
+    p.add_argument("--stable-inodes", action="store_true",
+                   help="the same inode numbers at every mount of the same image")
     p.add_argument("--fsync-commits-namespace", action="store_true",
                    help="a file's fsync also makes the namespace log durable (ext4-like)")
     p.add_argument("--hold-fsync", metavar="NAME",
                    help="an fsync of a file named NAME waits while IMAGE_DIR.hold exists")
     args = p.parse_args(argv)
     fs = FaultFs(args.image, args.seed, args.mode, args.fsync_commits_namespace,
-                 os.fsencode(args.hold_fsync) if args.hold_fsync else None)
+                 os.fsencode(args.hold_fsync) if args.hold_fsync else None,
+                 os.fsencode(args.torn_file), args.cut_at_write, args.torn_order, args.torn_split,
+                 args.stable_inodes)
     opts = set(pyfuse3.default_options) | {"fsname=faultfs", "subtype=faultfs"}
     pyfuse3.init(fs, args.mountpoint, opts)
     print(f"READY {os.path.abspath(args.mountpoint)}", flush=True)

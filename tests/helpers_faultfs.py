@@ -35,8 +35,9 @@ class FaultFsProc:
         self.mode = mode
         self.report_path = Path(str(image) + ".faultfs.json")
         self.stderr_path = Path(str(image) + ".faultfs.log")
-        with contextlib.suppress(FileNotFoundError):
-            self.report_path.unlink()
+        for stale in (self.report_path, Path(str(image) + ".arm")):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         mnt.mkdir(exist_ok=True)
         self._errf = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
@@ -87,6 +88,18 @@ class FaultFsProc:
         rep = self.report()
         assert rep and rep["event"] == "cut", f"faultfs wrote no crash image: {self.log()}"
         return rep
+
+    def wait_cut(self, timeout: float) -> dict[str, Any] | None:
+        """The report of a cut faultfs made by itself (--cut-at-write), or None after timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rep = self.report()
+            if rep and rep.get("event") == "cut":
+                return rep
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        return None
 
     def unmount(self) -> dict[str, Any]:
         """A clean unmount (or, after a cut, the end of the frozen file system)."""

@@ -12,6 +12,7 @@ import random
 import shutil
 from pathlib import Path
 
+import lmdb.verify
 import pytest
 
 from overlayckpt.store import synced
@@ -116,6 +117,50 @@ def test_clean_close_then_new_incarnation_loses_nothing(tmp_path: Path) -> None:
     reopened = Store.open(str(tmp_path / "copy"))
     assert _contents(reopened) == want
     reopened.close()
+
+
+def _newest_written_pages(durable: bytes, live: bytes) -> list[int]:
+    """The pages past the meta pages that differ: what commits after the sync point wrote."""
+    return [i for i in range(2 * PAGE, len(live), PAGE) if live[i:i + PAGE] != durable[i:i + PAGE]]
+
+
+@pytest.mark.parametrize("keep", ["suffix", "prefix"])
+def test_torn_unsynced_commits_in_the_same_incarnation_fall_back(
+        tmp_path: Path, keep: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: a cut the incarnation cannot tell (a pass-through file system that kept the
+    inode number and mount): the newest meta page is on disk, some of the pages it reaches
+    are not. The store must open at the recorded sync point, not be refused."""
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_COMMITS", 1 << 30)
+    monkeypatch.setattr(lmdbstore, "AUTO_POINT_PAGES", 1 << 30)
+    rng = random.Random(36)
+    path = tmp_path / "s"
+    store = Store.open(str(path))
+    _put_many(store, rng, 200, "old")
+    for k in list(_contents(store))[:100]:  # free pages for the commits after to reuse
+        store.write(lambda w, k=k: w.delete(TABLE, k))
+    want = _contents(store)
+    store.sync()
+    durable = (path / "data.mdb").read_bytes()
+    _put_many(store, rng, 200, "new")  # never synced
+    _kill(store)
+    live = (path / "data.mdb").read_bytes()
+    changed = _newest_written_pages(durable, live)
+    assert len(changed) > 4
+    # a contiguous run of the written pages persists, the rest (and never the meta pages,
+    # which stay as LMDB wrote them: the newest one names the new roots) keep old content
+    cut = len(changed) // 3
+    dropped = changed[:cut] if keep == "suffix" else changed[cut:]
+    raw = bytearray(live)
+    for i in dropped:
+        raw[i:i + PAGE] = durable[i:i + PAGE].ljust(PAGE, b"\0")
+    (path / "data.mdb").write_bytes(bytes(raw))  # in place: the same inode and mount
+    assert lmdb.verify.verify(str(path)), "the torn image should be damaged as LMDB opens it"
+    reopened = Store.open(str(path))
+    try:
+        assert reopened.cache_lost
+        assert _contents(reopened) == want
+    finally:
+        reopened.close()
 
 
 def test_damaged_store_is_refused_with_one_line(tmp_path: Path) -> None:

@@ -58,6 +58,11 @@ HELP_DIRS = os.environ.get("POWERCUT_HELP_DIRS") == "1"
 STORM = r'''
 import hashlib, json, os, random, sys, time
 root, seed, logpath = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# torn cuts: the file that arms faultfs's own cut, made after the first named checkpoint
+# that returns ARM_AFTER seconds in ("" : the harness arms it); the workload
+arm_path, arm_after, workload = (sys.argv[4:7] + ["", "0", "mixed"][len(sys.argv[4:7]):])
+arm_after = float(arm_after)
+t_start = time.time()
 rng = random.Random(seed)
 sync_p = rng.choice([0.02, 0.1, 0.3])  # how often an operation is fsync'd: long unsynced runs too
 logfd = os.open(logpath, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -109,7 +114,10 @@ try:
         if op == "write":
             d = rng.choice(dirs)
             rel = os.path.relpath(os.path.join(d, "f%d" % rng.randrange(40)), root)
-            data = rng.randbytes(rng.choice([rng.randrange(0, 300), rng.randrange(0, 40000)]))
+            if workload == "big":  # the store's file grows at every commit
+                data = rng.randbytes(rng.choice([rng.randrange(0, 40000), rng.randrange(0, 400000)]))
+            else:
+                data = rng.randbytes(rng.choice([rng.randrange(0, 300), rng.randrange(0, 40000)]))
             log(op="begin", paths=[rel])
             fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -181,6 +189,8 @@ try:
             if reply.get("ok"):
                 at_checkpoint[name] = dict(files)
                 log(op=op, name=name, id=reply["id"])
+                if arm_path and time.time() - t_start >= arm_after and not os.path.exists(arm_path):
+                    open(arm_path, "w").close()  # the cut comes within the next writes
         elif op == "restore":  # answered before it is durable: a cut may undo it, whole
             name = rng.choice(sorted(at_checkpoint))
             then = at_checkpoint[name]
@@ -334,14 +344,30 @@ def lmdb_problems(store: Path) -> list[str] | None:
         return [f"{type(e).__name__}: {e}"]
 
 
-def run_storm(mnt: Path, seed: int, logpath: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", STORM, str(mnt), str(seed), str(logpath)],
+def run_storm(mnt: Path, seed: int, logpath: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", STORM, str(mnt), str(seed), str(logpath), *extra],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, cwd="/")
 
 
-def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]:
-    """One power cut and the checks after it; the outcome (never raises for the product)."""
+def torn_args(torn: dict[str, Any] | None) -> tuple[str, ...]:
+    """faultfs's arguments for a torn cut: at write k of a group of data.mdb, keep the
+    run the order and split say (see faultfs.py)."""
+    if torn is None:
+        return ()
+    args = ("--cut-at-write", str(torn["k"]), "--torn-order", torn["order"],
+            "--torn-split", str(torn.get("split", -1)))
+    return args + (("--stable-inodes",) if torn.get("stable") else ())
+
+
+def one_cut(base: Path, seed: int, mode: str, duration: float,
+            torn: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One power cut and the checks after it; the outcome (never raises for the product).
+
+    torn (mode "torn"): {"k", "order", "split", "arm": "time" | "checkpoint", "workload":
+    "mixed" | "big", "stable"}: faultfs cuts by itself at the k-th write of a group of
+    data.mdb once armed (after `duration` s, or right after the first named checkpoint
+    that returns after it); if no such write comes within COMMAND_TIMEOUT, a signal cuts."""
     t0 = time.monotonic()
     rng = random.Random(seed)
     base.mkdir(parents=True)
@@ -355,7 +381,11 @@ def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]
     pid = None
     storm = None
     ffseed = rng.randrange(1 << 30)
-    with faultfs(image, ffmnt, seed=ffseed, mode="drop" if mode == "none" else mode, extra=FAULTFS_ARGS) as fs:
+    if torn is not None:
+        out["torn"] = dict(torn)
+    arm = Path(str(image) + ".arm")
+    with faultfs(image, ffmnt, seed=ffseed, mode="drop" if mode == "none" else mode,
+                 extra=FAULTFS_ARGS + torn_args(torn)) as fs:
         try:
             proc = cli("mount", str(repo), str(mnt), "--store", str(store))
             assert proc.returncode == 0, f"first mount failed: {proc.stderr}"
@@ -364,23 +394,38 @@ def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]
             if HELP_DIRS:  # diagnostic: stand in for the directory fsyncs the product lacks
                 fsync_dir(store)
                 fsync_dir(ffmnt)
-            storm = run_storm(mnt, rng.randrange(1 << 30), logpath)
+            storm_seed = rng.randrange(1 << 30)
+            if torn is None:
+                storm = run_storm(mnt, storm_seed, logpath)
+            else:
+                storm = run_storm(mnt, storm_seed, logpath,
+                                  str(arm) if torn.get("arm") == "checkpoint" else "",
+                                  str(duration), torn.get("workload", "mixed"))
             started = time.monotonic()
             wait_for(lambda: any(e["op"] == "start" for e in read_events(logpath)) or storm.poll() is not None,
                      "the storm to start", COMMAND_TIMEOUT)
             # the cut point: `duration` seconds of storm, and the storm still running
             wait_for(lambda: time.monotonic() - started >= duration or storm.poll() is not None,
                      "the cut point", duration + COMMAND_TIMEOUT)
-            if storm.poll() is not None:
+            if torn is not None:  # faultfs cuts by itself, at its write
+                if torn.get("arm") != "checkpoint":
+                    arm.touch()
+                rep = fs.wait_cut(COMMAND_TIMEOUT)
+                out["faultfs"] = rep if rep is not None else fs.cut()
+                cut_at = time.time()  # (after the freeze: an fsync answered later is checked too)
+            elif storm.poll() is not None:
                 raise AssertionError(f"the storm ended before the cut: {read_events(logpath)[-1:]} "
                                      f"{storm.stderr.read().decode()[-2000:]}")
-            cut_at = time.time()
-            if mode == "none":  # the control: a clean shutdown instead of a cut
+            if torn is not None:
+                pass
+            elif mode == "none":  # the control: a clean shutdown instead of a cut
+                cut_at = time.time()
                 storm.kill()
                 proc = cli("unmount", str(mnt))
                 assert proc.returncode == 0, f"unmount failed: {proc.stderr}"
                 wait_for(lambda: not proc_alive(pid), "the daemon to exit after unmount", COMMAND_TIMEOUT)
             else:
+                cut_at = time.time()
                 out["faultfs"] = fs.cut()
         finally:
             if pid and proc_alive(pid):
@@ -394,7 +439,8 @@ def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]
             unmount_session(mnt, store, pid)
         fs.unmount()
     events = read_events(logpath)
-    errors = [e for e in events if e["op"] == "error" and e["t"] < cut_at]
+    froze = out.get("faultfs", {}).get("time", cut_at)
+    errors = [e for e in events if e["op"] == "error" and e["t"] < min(cut_at, froze)]
     assert not errors, f"the storm failed before the cut: {errors}"
     expect, named = expectations(events, cut_at, all_durable=mode == "none")
     out["events"] = len(events)
@@ -408,12 +454,15 @@ def one_cut(base: Path, seed: int, mode: str, duration: float) -> dict[str, Any]
         else "no store directory"
     # power back on
     pid = None
-    with faultfs(image, ffmnt, seed=0, mode="drop") as fs:
+    stable = ("--stable-inodes",) if torn and torn.get("stable") else ()
+    with faultfs(image, ffmnt, seed=0, mode="drop", extra=stable) as fs:
         try:
             check_after(out, repo, mnt, store, expect, named)
             pid = daemon_pid(store)
         finally:
             unmount_session(mnt, store, pid or daemon_pid(store))
+        if out["status"] == "refused" and RECOVER:
+            try_recover(out, repo, mnt, store, expect, named)
         fs.unmount()
     out["seconds"] = round(time.monotonic() - t0, 2)
     return out
@@ -468,6 +517,39 @@ def check_after(out: dict[str, Any], repo: Path, mnt: Path, store: Path,
                 out["lost"].append(f"repo file {rel} no longer shows through")
     if out["lost"]:
         set_status(out, "lost")
+
+
+RECOVER = os.environ.get("POWERCUT_RECOVER", "1") == "1"
+
+
+def try_recover(out: dict[str, Any], repo: Path, mnt: Path, store: Path,
+                expect: dict[str, tuple[set, str]], named: dict[str, int]) -> None:
+    """A refused store: `recover` must bring back everything durable, and never leave a
+    store that fsck calls clean while content is missing. out["recovered"]: "whole",
+    "lost" (it said so) or "silent" (clean, yet content missing)."""
+    proc = cli("--store", str(store), "--json", "recover")
+    if proc.returncode != 0:
+        out["recovered"] = "failed"
+        out["problems"].append(f"recover: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        return
+    said = json.loads(proc.stdout)
+    after: dict[str, Any] = {"status": "ok", "lost": [], "problems": []}
+    pid = None
+    try:
+        check_after(after, repo, mnt, store, expect, named)
+        pid = daemon_pid(store)
+    finally:
+        unmount_session(mnt, store, pid or daemon_pid(store))
+    out["recovered_lost"] = after["lost"][:10]
+    out["recovered_problems"] = after["problems"][:5]
+    if after["status"] == "ok":
+        out["recovered"] = "whole"
+    elif said.get("clean") and not said.get("lost") and after["lost"]:
+        out["recovered"] = "silent"  # recover said all is well: it is not
+    else:
+        out["recovered"] = "lost"
+    out["recover_said"] = {"entries": said.get("entries"), "clean": said.get("clean"),
+                           "lost": said.get("lost", [])[:3]}
 
 
 def daemon_log(store: Path) -> str:
@@ -564,3 +646,90 @@ def test_power_cuts_long(tmp_path: Path) -> None:
                         seed=int(os.environ.get("POWERCUT_SEED", "1400")),
                         modes=modes_from_env("reorder,drop"), durations=(0.5, 5.0), long_every=10)
     assert_no_failures(outcomes)
+
+
+# -- torn sequences (issue 36) ---------------------------------------------------------
+#
+# At a cut, a contiguous run of the writes made to data.mdb since its last fsync persists
+# and the others are dropped (faultfs --mode torn), at a chosen write position of a group:
+# after some seconds of the storm, right after a named checkpoint returned, or while the
+# file grows at every commit (big files). Odd positions keep the inode numbers and device
+# across the remount (--stable-inodes, as LazyFS: the cut is not told by them).
+
+TORN_WORKLOADS = {"mixed": ("mixed", "time"), "checkpoint": ("mixed", "checkpoint"),
+                  "growth": ("big", "time")}
+
+
+def torn_spec(workload: str, k: int) -> dict[str, Any]:
+    kind, arm = TORN_WORKLOADS[workload]
+    order = "suffix" if k % 4 < 2 else "prefix"
+    return {"k": k, "order": order, "split": max(k // 3, 1) if order == "suffix" else k - k // 3,
+            "arm": arm, "workload": kind, "stable": bool(k % 2)}
+
+
+def run_torn(tmp: Path, cuts: list[tuple[str, int]], seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    outcomes = []
+    for i, (workload, k) in enumerate(cuts):
+        spec = torn_spec(workload, k)
+        base = tmp / f"torn{i:04d}"
+        o = one_cut(base, rng.randrange(1 << 30), "torn", rng.uniform(1.0, 2.5), spec)
+        o["workload"] = workload
+        outcomes.append(o)
+        ff = o.get("faultfs", {})
+        print(f"torn cut {i} {workload} k={k}: " + json.dumps(
+            {"status": o["status"], "recovered": o.get("recovered"), "auto": ff.get("auto"),
+             "group": ff.get("group"), "run": ff.get("runs", {}).get("data.mdb"),
+             "fsynced": o.get("fsynced"), "named": o.get("named"),
+             "lmdb_damaged": o.get("lmdb_damaged"), "seconds": o.get("seconds")}))
+        for line in (o["problems"] + o["lost"] + o.get("recovered_lost", []))[:6]:
+            print(f"    {line}")
+        if o["status"] == "ok" or not os.environ.get("POWERCUT_KEEP"):
+            subprocess.run(["rm", "-rf", str(base)], check=False)
+    print(summarize_torn(outcomes))
+    return outcomes
+
+
+def summarize_torn(outcomes: list[dict[str, Any]]) -> str:
+    st = Counter(o["status"] for o in outcomes)
+    rec = Counter(o.get("recovered") for o in outcomes if o["status"] == "refused")
+    return (f"torn: {len(outcomes)} cuts ({sum(1 for o in outcomes if o.get('faultfs', {}).get('auto'))}"
+            f" at their write): {st.get('ok', 0)} opened whole, {st.get('refused', 0)} refused "
+            f"({rec.get('whole', 0)} recovered whole, {rec.get('lost', 0)} recovered with losses "
+            f"said, {rec.get('silent', 0)} silent, {rec.get('failed', 0)} recover failed), "
+            f"{st.get('lost', 0)} served with losses ({sum(len(o['lost']) for o in outcomes)} "
+            f"items), {st.get('damaged', 0) + st.get('bad', 0) + st.get('crashed', 0)} other "
+            f"failures; raw images LMDB calls damaged: "
+            f"{sum(1 for o in outcomes if o.get('lmdb_damaged') is True)}; "
+            f"{sum(o.get('fsynced', 0) for o in outcomes)} fsync'd writes and "
+            f"{sum(o.get('named', 0) for o in outcomes)} named checkpoints acknowledged")
+
+
+def assert_torn_whole(outcomes: list[dict[str, Any]]) -> None:
+    """0 lost, 0 silent: every store opens at or after its last durable point, or is
+    refused and brought back whole by recover."""
+    bad = [o for o in outcomes if not (o["status"] == "ok" or o["status"] == "refused"
+                                       and o.get("recovered") == "whole")]
+    assert not bad, (f"{len(bad)} of {len(outcomes)} torn cuts failed:\n{summarize_torn(outcomes)}\n"
+                     + "\n".join(f"  {o['workload']} {o.get('torn')}: {o['status']} "
+                                 f"recovered={o.get('recovered')}: "
+                                 f"{(o['problems'] + o['lost'] + o.get('recovered_lost', []))[:3]}"
+                                 for o in bad[:10]))
+
+
+def test_torn_cuts_quick(tmp_path: Path) -> None:
+    """One torn cut of each workload, at a fixed write position (about 15 s)."""
+    outcomes = run_torn(tmp_path, [("mixed", 13), ("checkpoint", 8), ("growth", 31)], seed=36)
+    assert_torn_whole(outcomes)
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("workload", sorted(TORN_WORKLOADS))
+def test_torn_cuts_every_position(tmp_path: Path, workload: str) -> None:
+    """Every write position 1..POWERCUT_TORN_WRITES (40) of a group of data.mdb, both orders
+    (POWERCUT_TORN_FROM: the first position, to run a slice)."""
+    first = int(os.environ.get("POWERCUT_TORN_FROM", "1"))
+    last = int(os.environ.get("POWERCUT_TORN_WRITES", "40"))
+    outcomes = run_torn(tmp_path, [(workload, k) for k in range(first, last + 1)],
+                        seed=int(os.environ.get("POWERCUT_SEED", "3600")))
+    assert_torn_whole(outcomes)

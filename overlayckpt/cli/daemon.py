@@ -353,11 +353,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
     finally:
         os.close(lock_fd)
     lost = [f"table {t} stopped after {n} entries: {e}" for t, n, e in tables if e]
+    scanned = sum(n for t, n, _ in tables if t == "blocks (scan)")
     if proc.returncode != 0:
         lost.append(f"the reader stopped (status {proc.returncode}) after "
                     f"{len(tables)} of the tables")
+    # clean only if every table was read to its end and fsck finds nothing: a table that
+    # stopped may have held what the recovered store no longer refers to (fsck cannot tell)
     result = {"store": store, "damaged_copy": kept, "entries": sum(n for _, n, _ in tables),
-              "lost": lost + check["problems"], "clean": check["clean"]}
+              "blocks_found_by_scan": scanned, "lost": lost + check["problems"],
+              "clean": check["clean"] and not lost}
     emit(args, result, lambda r: (
         f"recovered {r['entries']} entries into {store}; the damaged store is kept at "
         f"{kept}\n" + ("lost: " + "; ".join(r["lost"][:20]) if r["lost"] else "nothing lost")))

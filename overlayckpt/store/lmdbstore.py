@@ -852,11 +852,21 @@ def _make_dirs_durably(path: str) -> None:
     synced.fsync_dir(parent)
 
 
+def _verify(path: str) -> list[str]:
+    """lmdb's offline verifier on the snapshot LMDB would open: every page it reaches."""
+    try:
+        return lmdb.verify.verify(path)
+    except (lmdb.verify.VerifyError, OSError) as e:
+        return [str(e)]
+
+
 def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
     """Before LMDB opens an existing store: pick the snapshot to trust, and verify it.
 
     Returns whether the last daemon's page cache may be gone (then the store was rolled
-    back to its last recorded sync point). Raises StoreDamaged if verification fails.
+    back to its last recorded sync point). The newest snapshot is kept only if the page
+    cache survived (same incarnation) and everything it reaches verifies; else the
+    recorded one. Raises StoreDamaged if that fails verification too.
     """
     newest = synced.newest_txnid(path, rec.psize if rec else 4096)
     if rec is not None and rec.clean and newest == rec.txnid:
@@ -872,10 +882,22 @@ def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
         except OSError as e:
             raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
                                f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
-    try:
-        problems = lmdb.verify.verify(path)
-    except (lmdb.verify.VerifyError, OSError) as e:
-        problems = [str(e)]
+    problems = _verify(path)
+    if problems and not cache_lost and rec is not None and newest is not None \
+            and newest > rec.txnid:
+        # the incarnation said the page cache survived, yet what the newest meta page
+        # reaches is damaged: it did not (a cut the incarnation cannot tell). The
+        # recorded snapshot's pages were pinned since it was recorded: never rewritten
+        log.warning("store %s: its newest snapshot (transaction %d) is damaged (%s): "
+                    "rolling back to its last sync point (transaction %d)",
+                    path, newest, problems[0], rec.txnid)
+        try:
+            synced.roll_back(path, rec)
+        except OSError as e:
+            raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
+                               f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
+        cache_lost = True
+        problems = _verify(path)
     if problems:
         raise StoreDamaged(f"store {path} is damaged ({problems[0]}; {len(problems)} "
                            f"problem(s)): nothing was served; {_WAY_OUT.format(path=path)}")
@@ -913,7 +935,55 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
                 error = str(e)
             flush()
             yield name.decode(), copied, error
+        found = 0
+        for digest, raw in scan_blocks(os.path.join(src, synced.DATA_NAME), out):
+            if out.read(lambda r, d=digest: r.get(BLOCKS, d)) is None:
+                out.write(lambda w, d=digest, v=raw: w.put(BLOCKS, d, v))
+                found += 1
+        yield "blocks (scan)", found, None
         out.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at open
     finally:
         env.close()
         out.close()
+
+
+def scan_blocks(data_path: str, store: Store) -> Iterator[tuple[bytes, bytes]]:
+    """Every block any leaf page of the file holds, whatever reaches it (a scan, not a walk
+    from a meta page): a block's key is the blake3 of its content, so each found is
+    checked and kept only if it matches. Yields (digest, the value as BLOCKS holds it)."""
+    import struct
+    psize = store.psize
+    with open(data_path, "rb") as f:
+        data = f.read()
+    npages = len(data) // psize
+    for pno in range(2, npages):
+        base = pno * psize
+        pgno, _pad, flags, lower, upper = struct.unpack_from("<QHHHH", data, base)
+        if pgno != pno or flags & 0x3F != 0x02 or not _PAGE_HEADER <= lower <= upper <= psize:
+            continue  # not a leaf page (or not at its place)
+        for i in range((lower - _PAGE_HEADER) // 2):
+            off = struct.unpack_from("<H", data, base + _PAGE_HEADER + 2 * i)[0]
+            if not upper <= off <= psize - 8:
+                break
+            lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, base + off)
+            dsize = lo | hi << 16
+            kstart = base + off + 8
+            if not _DIGEST <= ksize <= _DIGEST + 64 or nflags & ~0x01 \
+                    or kstart + ksize > base + psize:
+                continue
+            key = data[kstart:kstart + ksize]
+            if nflags & 0x01:  # F_BIGDATA: the value is in overflow pages
+                opg = struct.unpack_from("<Q", data, kstart + ksize)[0]
+                vstart = opg * psize + _PAGE_HEADER
+                if not 2 <= opg < npages or vstart + dsize > len(data):
+                    continue
+                value = data[vstart:vstart + dsize]
+            else:
+                value = data[kstart + ksize:kstart + ksize + dsize]
+            digest, raw = _whole(key, value)
+            try:
+                content = store.decode_block(raw)
+            except Exception:  # noqa: BLE001 - not a block, or a damaged one
+                continue
+            if blake3.blake3(content).digest() == digest:
+                yield digest, raw

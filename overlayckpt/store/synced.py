@@ -12,9 +12,14 @@ only pages that were on disk at its sync point and never reused after it.
 
 Whether the page cache survived (a killed daemon: LMDB's newest snapshot is
 intact) or not (a power cut or kernel crash: only the record can be trusted)
-is told by the *incarnation*: the boot id, and the device and inode number of
-data.mdb (a file system without stable inode numbers gives new ones at every
-mount, as after a reboot).
+is told by the *incarnation*: the boot id, the device and inode number of
+data.mdb, and the unique id of the mount it is reached through (statx
+STATX_MNT_ID_UNIQUE, Linux 6.8+; else the reusable mount id). The page cache
+of a file lives no longer than the mount of its file system, and a power cut
+of that file system is always followed by a new mount: without the mount id, a
+pass-through file system that keeps inode numbers across its remounts (LazyFS)
+and gets the same anonymous device number back looked like a killed daemon, and
+the newest meta page of an un-synced commit was trusted over torn pages.
 
 File layout (`synced`): two slots of SLOT bytes, written alternately, so a torn
 write damages at most the one being written. A slot is
@@ -62,11 +67,44 @@ def incarnation(store_dir: str) -> str:
             boot = f.read().strip()
     except OSError:
         boot = "?"
+    path = os.path.join(store_dir, DATA_NAME)
     try:
-        st = os.stat(os.path.join(store_dir, DATA_NAME))
+        st = os.stat(path)
     except OSError:
         return boot
-    return f"{boot}:{st.st_dev}:{st.st_ino}"
+    return f"{boot}:{st.st_dev}:{st.st_ino}:{mount_id(path)}"
+
+
+_STATX_MNT_ID, _STATX_MNT_ID_UNIQUE = 0x1000, 0x4000
+_STX_MNT_ID_AT = 0x90  # in struct statx (256 bytes)
+_statx = None
+
+
+def mount_id(path: str) -> str:
+    """The id of the mount path is reached through: "u" + the unique one (never given
+    twice in a boot), "m" + the reusable one on older kernels, "" if statx is missing."""
+    global _statx
+    import ctypes
+    if _statx is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).statx
+        except (OSError, AttributeError):
+            fn = False
+        else:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                           ctypes.c_void_p]
+        _statx = fn
+    if not _statx:
+        return ""
+    buf = ctypes.create_string_buffer(256)
+    at_fdcwd = -100
+    if _statx(at_fdcwd, os.fsencode(path), 0, _STATX_MNT_ID_UNIQUE | _STATX_MNT_ID, buf) != 0:
+        return ""
+    mask = struct.unpack_from("<I", buf.raw, 0)[0]
+    value = struct.unpack_from("<Q", buf.raw, _STX_MNT_ID_AT)[0]
+    if mask & _STATX_MNT_ID_UNIQUE:
+        return f"u{value}"
+    return f"m{value}" if mask & _STATX_MNT_ID else ""
 
 
 def pack(rec: Record) -> bytes:
