@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import report
@@ -154,7 +154,7 @@ def environment(args: argparse.Namespace, can_drop: bool) -> dict:
     dirty = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain"],
                            capture_output=True, text=True).stdout.strip()
     return {
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
         "args": vars(args),
         "kernel": platform.release(),
@@ -199,7 +199,7 @@ def run_workload(w: Workload, live: list[Contender], dead: set[str], ctx: Ctx, s
         watchdog.arm(c, batch_timeout)
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - one contender's failure must not end the run
+        except Exception as e:  # one contender's failure must not end the run
             failed.add(c.name)
             err = " ".join(f"{what}: {type(e).__name__}: {e}".split())
             if watchdog.fired:
@@ -297,7 +297,7 @@ def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, nam
                 prime(c)
                 live.append(c)
                 size_res["contenders"][c.name] = {"status": "ok", "setup_s": time.monotonic() - t0}
-            except Exception as e:  # noqa: BLE001 - skip the contender, keep the run
+            except Exception as e:  # skip the contender, keep the run
                 c.teardown()
                 reason = f"{type(e).__name__}: {e}"[-600:]
                 size_res["contenders"][c.name] = {"status": "skipped", "reason": reason}

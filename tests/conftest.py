@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from helpers_users import user  # noqa: E402,F401  (the one session-wide second user)
+from helpers_users import user  # noqa: F401  (the one session-wide second user)
 
 CLI = [sys.executable, "-m", "overlayckpt"]
 
@@ -115,12 +115,12 @@ def model() -> Iterator[Any]:
     server.close()
 
 
-def conversation(m: "Mount") -> list[dict]:
+def conversation(m: Mount) -> list[dict]:
     """The mount's conversation sidecar, line by line."""
     return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
 
 
-def summaries(m: "Mount") -> dict[str, str]:
+def summaries(m: Mount) -> dict[str, str]:
     """Each changed path -> the summary of the newest checkpoint that changed it."""
     out: dict[str, str] = {}
     for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):

@@ -475,11 +475,11 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
     recorded file's inode, kept alive outside the repo, is moved over a file the session never
     touched, with that file's content), and it shows its own content, not the pinned one."""
     from overlayckpt.core.apply import apply_live
-    from overlayckpt.export.importer import import_bundle
     from overlayckpt.core.journal import Caller
+    from overlayckpt.core.timeline import Timeline
+    from overlayckpt.export.importer import import_bundle
     from overlayckpt.records import ROOT_INO
     from overlayckpt.service.session import Session
-    from overlayckpt.core.timeline import Timeline
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "victim.txt").write_bytes(b"the deleted file\n")

@@ -821,8 +821,8 @@ def test_rename_with_unknown_flags_is_einval(sample: Mount) -> None:
 
 
 def test_overlay_rename_refuses_unknown_flags(tmp_path: Path) -> None:
-    from overlayckpt.errors import FsError
     from overlayckpt.core.journal import Caller
+    from overlayckpt.errors import FsError
     from overlayckpt.records import ROOT_INO
     from overlayckpt.service.session import Session
     repo = make_repo(tmp_path / "repo")

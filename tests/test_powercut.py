@@ -47,8 +47,8 @@ from typing import Any
 import pytest
 
 from conftest import CLI, daemon_pid, make_repo, proc_alive, wait_for
-from overlayckpt.store.synced import fsync_dir
 from helpers_faultfs import faultfs, is_mounted
+from overlayckpt.store.synced import fsync_dir
 
 OLD_AGE = float(os.environ.get("POWERCUT_OLD_AGE", "15"))
 COMMAND_TIMEOUT = 60.0

@@ -19,7 +19,6 @@ import pytest
 from conftest import Mount, tree_digest
 from helpers_diff import run, unmount
 
-
 # cp -a, cp -p, sed -i (gnulib's copy_acl/qset_acl) set a copy's mode with
 # fsetxattr("system.posix_acl_access") first; the daemon refuses it with EOPNOTSUPP
 # so that the tools fall back to fchmod (the tests below check the modes).

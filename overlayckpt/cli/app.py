@@ -18,6 +18,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any

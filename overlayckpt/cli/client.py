@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import time
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
@@ -48,7 +49,7 @@ class Connection:
             raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
         self.offset = 0  # replies are a stream on the handle, like a socket's
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:

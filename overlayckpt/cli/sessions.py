@@ -22,8 +22,6 @@ from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.store.places import STORE_FILES, check_store_dir, is_store, remove_store
 
 
-
-
 def numbered(repo: str) -> list[tuple[int, str]]:
     """The repo's sessions in the data directory, (id, store), oldest first."""
     base = default_store_dir(repo)

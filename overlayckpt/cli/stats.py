@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any

@@ -43,13 +43,23 @@ from typing import Any
 
 from overlayckpt.core import history
 from overlayckpt.core.context import Context
-from overlayckpt.errors import FsError, PartlyDone, UserError
-from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath, split
+from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
 from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
+from overlayckpt.errors import FsError, PartlyDone, UserError
 from overlayckpt.names import check_file_name, is_file_name, quote_path
 from overlayckpt.records import (
-    CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, WHITEOUT, Node, from_u64, lower_ino, pack_obj,
-    path_cut, path_key, unpack_obj,
+    CONTROL_NAME,
+    ROOT_INO,
+    T_DIRENTS,
+    T_NODES,
+    WHITEOUT,
+    Node,
+    from_u64,
+    lower_ino,
+    pack_obj,
+    path_cut,
+    path_key,
+    unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all

@@ -21,10 +21,10 @@ import os
 import stat
 import struct
 
-from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.lower import join
 from overlayckpt.core.overlay import Overlay
+from overlayckpt.errors import FsError
 from overlayckpt.records import FIRST_UPPER_INO
 from overlayckpt.store.lmdbstore import Store
 from overlayckpt.tables import META, WRITE_BEHIND_KEY

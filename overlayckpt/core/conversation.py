@@ -13,13 +13,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from overlayckpt.errors import UserError
 from overlayckpt.core.agents import MAX_HOOK_LINE, hook_line
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
+from overlayckpt.errors import UserError
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
-
 
 MAX_LINE = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)

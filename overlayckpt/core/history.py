@@ -36,7 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
 
 from overlayckpt.records import (
-    FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64,
+    FIRST_UPPER_INO,
+    FIRST_UPPER_KEY,
+    TABLE_NAMES,
+    Checkpoint,
+    JournalRecord,
+    from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import CHANGED, CKPTS, HISTORY_BORN, HISTORY_KEY, JOURNAL, META, VERSIONS

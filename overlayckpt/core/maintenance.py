@@ -21,18 +21,42 @@ import trio
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import records
 from overlayckpt.core.sweep import children_of, in_tree, named_of, sweep
+from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, block_size_problem, from_u64, u64,
+    T_BMAP,
+    WHITEOUT,
+    ZERO_BLOCK,
+    Checkpoint,
+    JournalRecord,
+    block_size_problem,
+    from_u64,
+    u64,
     unpack_obj,
 )
-from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
 from overlayckpt.store.lmdbstore import (
-    ReadTxn, Store, WriteTxn, forks_of, parent_block, parent_of, store_at,
+    ReadTxn,
+    Store,
+    WriteTxn,
+    forks_of,
+    parent_block,
+    parent_of,
+    store_at,
 )
 from overlayckpt.tables import (
-    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DERIVED_KEYS, DIRENTS, GROUPFILES, JOURNAL, META, NAMES,
-    NODES, PINNED, SEQ_KEY,
+    BLOCK_BYTES_KEY,
+    BLOCKS,
+    BMAP,
+    CKPTS,
+    DERIVED_KEYS,
+    DIRENTS,
+    GROUPFILES,
+    JOURNAL,
+    META,
+    NAMES,
+    NODES,
+    PINNED,
+    SEQ_KEY,
 )
 
 

@@ -19,18 +19,34 @@ from typing import TypeVar
 
 import trio
 
-from overlayckpt.errors import FsError
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.seen import seen_key, seen_record, seen_value
+from overlayckpt.core.tree import Tree
+from overlayckpt.errors import FsError
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, NAME_MAX, ROOT_INO, T_BMAP, T_DIRENTS,
-    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
-    dirent_key, from_u64, u64, xattr_key,
+    CONTROL_NAME,
+    F_OPAQUE,
+    F_XATTRS_OWN,
+    FIRST_UPPER_INO,
+    NAME_MAX,
+    ROOT_INO,
+    T_BMAP,
+    T_DIRENTS,
+    T_NODES,
+    T_XATTRS,
+    TABLE_NAMES,
+    WHITEOUT,
+    ZERO_BLOCK,
+    Node,
+    bmap_key,
+    dirent_key,
+    from_u64,
+    u64,
+    xattr_key,
 )
 from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
-from overlayckpt.core.tree import Tree
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")

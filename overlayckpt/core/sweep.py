@@ -21,7 +21,14 @@ import trio
 from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    FIRST_UPPER_KEY, TABLE_NAMES, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node,
+    FIRST_UPPER_KEY,
+    T_BMAP,
+    T_DIRENTS,
+    T_NODES,
+    T_XATTRS,
+    TABLE_NAMES,
+    WHITEOUT,
+    Node,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import DIRENTS, NODES

@@ -25,22 +25,42 @@ from typing import Any, TypeVar
 import trio
 
 from overlayckpt.core import groupfiles, history
-from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
+from overlayckpt.core.history import AtCheckpoint
+from overlayckpt.core.journal import (
+    Caller,
+    append_closed,
+    close_open_group,
+    new_checkpoint,
+    next_seq,
+    records,
+)
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
-from overlayckpt.core.journal import (
-    Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
-)
 from overlayckpt.records import (
-    FIRST_UPPER_INO, FIRST_UPPER_KEY, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord,
-    Node, from_u64, u64,
+    FIRST_UPPER_INO,
+    FIRST_UPPER_KEY,
+    ROOT_INO,
+    TABLE_NAMES,
+    WHITEOUT,
+    Checkpoint,
+    JournalRecord,
+    Node,
+    from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, META, NAMES, NODES, RESTORE_FILES_KEY,
+    CKPTS,
+    CONV_HEAD_KEY,
+    DIRENTS,
+    JOURNAL,
+    META,
+    NAMES,
+    NODES,
+    RESTORE_FILES_KEY,
 )
 
 log = logging.getLogger(__name__)
@@ -103,7 +123,7 @@ def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, by
     return out, one_sided
 
 
-def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
+def _fill_files(w: WriteTxn, lo: int, files: list[FileChange] | None) -> None:
     """Write a restore's file list into its records (shared out: each stays small), if
     they are still the ones left without it."""
     mark = RESTORE_FILES_KEY + u64(lo)
@@ -388,7 +408,7 @@ class Timeline:
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings, "took_ms": took.ms}
 
-    def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
+    def _write_restore(self, w: WriteTxn, prep: Prepared, caller: Caller,
                        paths: list[str] | None, what: str,
                        changed: list[tuple[bytes, bytes, bool]]) -> Checkpoint:
         """The restore's transaction: prep plus what was written since its snapshot. Every
@@ -443,7 +463,7 @@ class Timeline:
         return ck
 
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
-                 code: bool) -> "Prepared":
+                 code: bool) -> Prepared:
         """What a restore to target writes: the keys whose value then differs from now."""
         warnings: list[str] = []
         rows: Rows = {}
@@ -489,7 +509,7 @@ class Timeline:
                 if _listing.get(id(self.store)) is scope:
                     del _listing[id(self.store)]
 
-    def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
+    def _restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
         """The oldest restore left without its file list, and that list (None: thinning
         merged its records with others, which list none of its files)."""
         hit = r.seek(META, RESTORE_FILES_KEY)

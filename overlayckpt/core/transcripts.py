@@ -57,6 +57,7 @@ class Transcript:
 
     def __init__(self, path: Any, agent: str) -> None:
         import errno
+
         from overlayckpt.names import quote_path
         root = transcript_root(agent)
         shown = quote_path(path) if isinstance(path, str) else repr(path)

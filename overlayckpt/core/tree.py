@@ -17,11 +17,22 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol
 
-from overlayckpt.errors import FsError, enoent
 from overlayckpt.core.lower import Lower, LowerFile, join, split
+from overlayckpt.errors import FsError, enoent
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, NAME_MAX, ROOT_INO, WHITEOUT, Node, bmap_key, dirent_key,
-    from_u64, lower_ino, u64, xattr_key,
+    CONTROL_NAME,
+    F_OPAQUE,
+    F_XATTRS_OWN,
+    NAME_MAX,
+    ROOT_INO,
+    WHITEOUT,
+    Node,
+    bmap_key,
+    dirent_key,
+    from_u64,
+    lower_ino,
+    u64,
+    xattr_key,
 )
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
@@ -84,7 +95,7 @@ class Parents:
         self._seen: dict[int, bytes] = {}
         self._lower = lower.at
 
-    def get(self, ino: int, default: "tuple[int, bytes] | None" = None) -> "tuple[int, bytes] | None":
+    def get(self, ino: int, default: tuple[int, bytes] | None = None) -> tuple[int, bytes] | None:
         raw = self._seen.get(ino) or self._lower.get(ino)
         return default if raw is None else (from_u64(raw[:8]), raw[8:])
 

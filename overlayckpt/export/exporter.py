@@ -51,17 +51,24 @@ from typing import Any
 
 import trio
 
-from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
 from overlayckpt.core.context import Context
 from overlayckpt.core.summaries import checkpoint_entry
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.store.lmdbstore import ReadTxn
-from overlayckpt.tables import CONV
+from overlayckpt.errors import FsError, UserError
 from overlayckpt.export.git import Git, Stream, last_line, parse_trailers
 from overlayckpt.export.gitnames import (
-    one_line, person, cquote, git_mode, git_name_ok, git_path_ok, ref_name_ok, session_name,
+    cquote,
+    git_mode,
+    git_name_ok,
+    git_path_ok,
+    one_line,
+    person,
+    ref_name_ok,
+    session_name,
 )
+from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
+from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.tables import CONV
 
 log = logging.getLogger(__name__)
 

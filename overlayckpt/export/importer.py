@@ -12,12 +12,11 @@ import blake3
 
 from overlayckpt.core.validate import lower_inos, record_problem
 from overlayckpt.errors import UserError
-from overlayckpt.store.info import default_store_dir, read_info, write_info
-from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, DERIVED_KEYS, FORMAT_KEY, META
 from overlayckpt.export.bundle import BundleReader, unlink_quietly
 from overlayckpt.export.remap import Remap, repo_remap
-
+from overlayckpt.store.info import default_store_dir, read_info, write_info
+from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.tables import BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, FORMAT_KEY, META, TABLES
 
 _KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, *DERIVED_KEYS)  # what a new, empty store holds in META
 

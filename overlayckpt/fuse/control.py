@@ -40,8 +40,8 @@ import trio
 
 from overlayckpt.core.agents import MAX_HOOK_LINE
 from overlayckpt.errors import FsError, Stopped, UserError
-from overlayckpt.names import shown
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
+from overlayckpt.names import shown
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ import os
 import sys
 from typing import Any
 
-
 from overlayckpt.core.latency import BUCKETS, Histogram
 from overlayckpt.records import CONTROL_INO_BASE
 

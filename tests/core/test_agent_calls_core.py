@@ -64,8 +64,9 @@ def test_commands_writing_at_once_are_a_checkpoint_each(session: Session) -> Non
     runs (and neither runs under the other); it closes where it is found done. Each
     checkpoint's state is the tree at its close, the history index exact at every one
     (fsck at teardown checks the index and the file rows against the journal)."""
-    from overlayckpt.core.journal import Caller
     from overlayckpt.core.history import AtCheckpoint
+    from overlayckpt.core.journal import Caller
+
     from .helpers_core import content, put
     running = {5001, 5002}
     a = Caller(5001, "a", (1,), running.__contains__)

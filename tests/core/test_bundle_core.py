@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.export.importer import import_bundle
 from overlayckpt.records import FIRST_UPPER_INO, ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, ino, tree_of
 

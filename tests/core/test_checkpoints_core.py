@@ -3,7 +3,6 @@ conversation sidecar, in process over a real store."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import stat
 import time
@@ -14,11 +13,11 @@ import pytest
 import trio
 
 from overlayckpt.core.conversation import all_lines, live_lines, parse_line
-from overlayckpt.errors import UserError
 from overlayckpt.core.journal import Caller, records
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import UserError
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, OTHER, content, ino, native_tree, tree_of
 

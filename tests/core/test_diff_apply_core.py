@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from overlayckpt.core.apply import apply_checkpoint, apply_live
-from overlayckpt.errors import UserError
 from overlayckpt.core.maintenance import fsck, gc, referenced_blocks, thin
 from overlayckpt.core.patch import render, stat_lines
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import UserError
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, content, ino, native_tree, tree_of
 

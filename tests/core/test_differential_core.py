@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from overlayckpt.errors import FsError
 from overlayckpt.core.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
-from overlayckpt.service.session import Session
 from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import FsError
+from overlayckpt.service.session import Session
 
 from .helpers_core import ME, ino, make_small_repo, native_tree, tree_of
 

@@ -16,8 +16,8 @@ from typing import Any
 import pyfuse3
 import pytest
 
-from overlayckpt.fuse.control import VIEW_INO_BASE
 from overlayckpt.errors import FsError
+from overlayckpt.fuse.control import VIEW_INO_BASE
 from overlayckpt.fuse.ops import KERNEL_HANDLE, Operations
 from overlayckpt.records import CONTROL_INO_BASE, ROOT_INO, Node
 

@@ -22,8 +22,16 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
 from overlayckpt.tables import (
-    CHANGED, CKPTS, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META,
-    NEXT_INO_KEY, SEQ_KEY,
+    CHANGED,
+    CKPTS,
+    FORMAT_KEY,
+    GROUPFILES,
+    GROUPFILES_KEY,
+    HISTORY_KEY,
+    HISTORY_TABLES,
+    META,
+    NEXT_INO_KEY,
+    SEQ_KEY,
 )
 
 from .helpers_core import ME, OTHER, ino, tree_of

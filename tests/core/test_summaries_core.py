@@ -3,12 +3,11 @@ checkpoints left out unless asked for, pages. In process, over a real store; the
 with the real git in a mount is tests/test_git_timeline.py."""
 from __future__ import annotations
 
-
 import json
 
-from overlayckpt.core.journal import Caller
 from overlayckpt.core.groupfiles import GONE, fold
 from overlayckpt.core.ignore import AGENT_RULES, Ignored
+from overlayckpt.core.journal import Caller
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import ROOT_INO

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Mount, force_unmount, make_repo, run_cli, wait_daemon_gone, wait_for
+from core.helpers_core import ME, ino, put
 from helpers_users import User
 from overlayckpt.core.apply import TEMP_PREFIX, Applier, apply_checkpoint, apply_live
 from overlayckpt.errors import PartlyDone, UserError
@@ -32,7 +33,6 @@ from overlayckpt.records import ROOT_INO, Node, dirent_key, u64
 from overlayckpt.service.session import Session
 from overlayckpt.tables import DIRENTS, NODES
 
-from core.helpers_core import ME, ino, put
 from .conftest import assert_one_line, surroundings
 
 REG = stat.S_IFREG | 0o644
