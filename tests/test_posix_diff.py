@@ -1096,7 +1096,7 @@ def test_names_and_paths_at_the_limits_as_natively(sample: Mount, tmp_path: Path
         # 128-byte names down to PATH_MAX (4,096 with its NUL): each call as natively
         here, names = root, []
         while len(str(here)) + 129 < 4095:
-            here = here / ("d%03d" % len(names) + "x" * 124)
+            here = here / (f"d{len(names):03d}" + "x" * 124)
             names.append(outcome(lambda h=here: os.mkdir(h)))
         out.append(tuple(names))
         last = here / ("f" * (4094 - len(str(here)) - 1))

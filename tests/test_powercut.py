@@ -447,7 +447,7 @@ def check_after(out: dict[str, Any], repo: Path, mnt: Path, store: Path,
     for name, cid in named.items():
         if ids.get(name) != cid:
             out["lost"].append(f"named checkpoint {name} (id {cid}): "
-                               f"{'missing' if name not in ids else 'now id %s' % ids[name]}")
+                               f"{'missing' if name not in ids else f'now id {ids[name]}'}")
     for path, (states, why) in sorted(expect.items()):
         try:
             got = content_hash(mnt / path)

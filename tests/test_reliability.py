@@ -1143,7 +1143,7 @@ def test_concurrent_writers_renamers_readers(tmp_path: Path) -> None:
                     f"after steps {[k for k, t in enumerate(traces[w]) if t[0] == state[0]]}, with "
                     f"{counts[w]} appends where the native run had "
                     f"{sorted({t[1] for t in traces[w] if t[0] == state[0]})}; mount: "
-                    f"{[(p, v[2] if v[0] == 'f' else v[0]) for p, v in sorted(tree_digest(str(m.mnt / f'w{w}')).items())]}"
+                    f"{[(p, v[2] if v[0] == 'f' else v[0]) for p, v in sorted(tree_digest(str(m.mnt / f'w{w}')).items())]}"  # noqa: E501  (built on failure only)
                     f"; native with as many appends: {[t[2] for t in traces[w] if t[1] == counts[w]]}")
         fsck_clean(["--mount", str(m.mnt)])
         assert m.ctl({"cmd": "restore", "id": last, "what": "code"})["ok"]

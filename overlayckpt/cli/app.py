@@ -19,11 +19,11 @@ import os
 import sys
 from collections.abc import Callable
 
+from overlayckpt.errors import FsError, UserError
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
-
-from overlayckpt.errors import FsError, UserError
 
 
 def _mount_args(p: argparse.ArgumentParser) -> None:

@@ -6,11 +6,11 @@ import json
 import os
 import time
 
+from overlayckpt.errors import PartlyDone, UserError
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
-
-from overlayckpt.errors import PartlyDone, UserError
 
 DAEMON_EXIT_WAIT = 10.0  # seconds a daemon whose mount is gone may take to close its store
 

@@ -8,12 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 
+from overlayckpt.cli import client
+from overlayckpt.errors import UserError
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
-
-from overlayckpt.cli import client
-from overlayckpt.errors import UserError
 
 # -- finding the session ----------------------------------------------------
 

@@ -32,7 +32,8 @@ TRANSCRIPT_AGENTS = ("claude-code", "codex", "gemini", "qwen")  # whose transcri
 # then cut to what the conversation keeps)
 MAX_HOOK_LINE = MAX_EVENT + 1024
 # the events each agent's hook file may name (Codex refuses a file with one it lacks)
-AGENT_EVENTS = {"claude-code": EVENTS, "qwen": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
+AGENT_EVENTS = {"claude-code": EVENTS, "qwen": EVENTS,
+                "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
                 "gemini": ("BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"),
                 "cursor": ("beforeSubmitPrompt", "preToolUse", "postToolUse", "postToolUseFailure",
                            "afterAgentResponse")}

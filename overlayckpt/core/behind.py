@@ -115,7 +115,7 @@ def recover(overlay: Overlay, store_dir: str) -> int:
     learned = False
     for seq, next_offset, ino, off, pid, data in records:
         done = pack_position(seq, next_offset)
-        for attempt in range(2):
+        for _attempt in range(2):
             try:
                 overlay.write(Caller(pid, "recovered"), ino, off, data, logged=done)
                 break

@@ -493,7 +493,7 @@ class Timeline:
             if found is None:
                 return done
             seq, files = found
-            self.store.write(lambda w: _fill_files(w, seq, files))
+            self.store.write(lambda w: _fill_files(w, seq, files))  # noqa: B023  (called at once)
             done += files is not None
 
     async def complete_restores_later(self) -> None:

@@ -290,7 +290,7 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
     if point is not None:
         at, k = point
         since = max((t for t in done if t < at), default=float("-inf"))
-        for i, (line, entry) in enumerate(records):
+        for i, (_line, entry) in enumerate(records):
             batch = [c for c in calls(entry) if (_stamp(c.get("timestamp")) or since) > since]
             if not any((_stamp(c.get("timestamp")) or at) > at for c in batch):
                 continue

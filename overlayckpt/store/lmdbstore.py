@@ -917,7 +917,7 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
             copied, error = 0, None
             batch: list[tuple[bytes, bytes]] = []
 
-            def flush() -> None:
+            def flush(name: bytes = name, batch: list[tuple[bytes, bytes]] = batch) -> None:
                 out.write(lambda w: [w.put(name, k, v) for k, v in batch
                                      if name != META or k not in DERIVED_KEYS])
                 batch.clear()

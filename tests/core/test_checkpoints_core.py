@@ -219,7 +219,7 @@ async def test_restore_to_the_origin_gives_the_repo(session: Session, hooks: Ker
     ov.create(ME, ROOT_INO, b"d", stat.S_IFDIR | 0o755, 0, 0)
     ov.setattr(ME, ino(ov, "run.sh"), mode=0o600)
     await Timeline(session).restore(0, ME)
-    assert {p: v for p, v in tree_of(ov).items()} == native_tree(repo)
+    assert dict(tree_of(ov)) == native_tree(repo)
 
 
 async def test_restore_of_chosen_paths_keeps_the_other_changes(session: Session,

@@ -70,7 +70,7 @@ async def test_paths_longer_than_a_store_key_are_created_listed_and_thinned(sess
 
 def test_apply_pins_and_writes_a_repo_file_at_a_path_longer_than_a_store_key(
         open_session: Callable[..., Session], repo: Path) -> None:
-    rel = "/".join("d%02d" % i + "x" * 196 for i in range(15)) + "/deep.txt"
+    rel = "/".join(f"d{i:02d}" + "x" * 196 for i in range(15)) + "/deep.txt"
     os.makedirs(repo / os.path.dirname(rel))
     (repo / rel).write_bytes(b"original\n")
     s = open_session(repo)
