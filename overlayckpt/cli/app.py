@@ -184,7 +184,7 @@ FORK_COMMANDS = ("fork", "run-forks")  # (run-forks: run --fork N)
 def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command in DAEMON_COMMANDS:
         from overlayckpt.cli import daemon
-        return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
+        return getattr(daemon, "cmd_" + command)
     if command == "stats":
         from overlayckpt.cli.stats import cmd_stats
         return cmd_stats
@@ -197,13 +197,13 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
         return cmd_bench
     if command in FORK_COMMANDS:
         from overlayckpt.cli import fork
-        return getattr(fork, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
+        return getattr(fork, "cmd_" + command.replace("-", "_"))
     if command in SESSION_COMMANDS:
         from overlayckpt.cli import sessions
-        return getattr(sessions, "cmd_" + command)  # type: ignore[no-any-return]
+        return getattr(sessions, "cmd_" + command)
     if command in HOOK_COMMANDS:
         from overlayckpt.cli import hooks
-        return getattr(hooks, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
+        return getattr(hooks, "cmd_" + command.replace("-", "_"))
     from overlayckpt.cli import timeline as cli_timeline
     return cli_timeline.HANDLERS[command]
 

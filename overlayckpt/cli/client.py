@@ -66,7 +66,7 @@ class Connection:
             os.write(self.fd, (json.dumps(cmd) + "\n").encode())
         except OSError as e:  # a failed command: its reply says why (ENOSPC, EIO: the store)
             failed = e
-        chunks = []
+        chunks: list[bytes] = []
         while True:  # the reply is one line: stop at its end, without one more read
             # small first: the kernel pins every page of a direct-io read buffer, and
             # faulting in a fresh 1 MiB costs more than the command itself

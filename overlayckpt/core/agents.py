@@ -211,8 +211,9 @@ def open_conversation(mount: str | None, cwd: Any) -> int | None:
     before without following symlinks and without creating anything, and each must be
     on that mount's device."""
     mounts = our_mounts()
+    where: str | None
     if mount is not None:
-        where: str | None = os.path.abspath(mount)
+        where = os.path.abspath(mount)
         if where not in mounts:
             where = os.path.realpath(where)  # the user's own spelling of it
             if where not in mounts:

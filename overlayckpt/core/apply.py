@@ -191,7 +191,7 @@ class Applier:
                 for off in range(0, st.st_size, bs):
                     data = f.pread(bs, off)
                     data += bytes(bs - len(data))
-                    blocks.append(store.write(lambda w, d=data: w.put_block(d)))
+                    blocks.append(store.write(lambda w: w.put_block(data)))  # noqa: B023  (called at once)
                 rec["blocks"] = blocks
             finally:
                 f.close()

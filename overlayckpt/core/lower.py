@@ -100,6 +100,9 @@ class PinStat:
         return [getattr(st, name) for name in cls.__slots__]
 
 
+Stat = os.stat_result | PinStat  # what Lower answers a stat with
+
+
 def slim(st: os.stat_result) -> PinStat:
     return PinStat(st.st_mode, st.st_ino, st.st_nlink, st.st_uid, st.st_gid, st.st_size,
                    st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, st.st_rdev)
@@ -260,7 +263,7 @@ class Lower:
                 stats[prefix + name] = st
         return cached
 
-    def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+    def _listdir(self, path: bytes) -> list[tuple[bytes, Stat]]:
         pin = self._pin(path)
         if pin is not None:
             out = []

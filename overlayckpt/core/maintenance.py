@@ -287,7 +287,7 @@ def thin_plan(r: ReadTxn, budget: int) -> list[Merge]:
     for lo, drops in sorted(inside.items()):
         i = bisect.bisect_right(kept_seqs, lo)
         hi = kept_seqs[i] if i < len(kept_seqs) else 1 << 62
-        start, ids = lo, []
+        start, ids = lo, list[int]()
         for c in sorted(drops, key=lambda c: c.seq):
             if c.seq - start >= THIN_SLICE:
                 slices.append(Merge(lo, c.seq, ids, moved(lo, c.seq)))
@@ -357,8 +357,8 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
     the calling (writer's) thread, so the requests of a mount are served in between."""
     thinned = 0
     for m in await read_off_loop(store, lambda r: thin_plan(r, budget)):
-        done = await read_off_loop(store, lambda r, m=m: merge_slice(r, m))
-        thinned += store.write(lambda w, m=m, done=done: apply_merge(w, m, done))
+        done = await read_off_loop(store, lambda r: merge_slice(r, m))  # noqa: B023  (awaited here)
+        thinned += store.write(lambda w: apply_merge(w, m, done))  # noqa: B023  (called at once)
         await trio.sleep(0)
     result: dict[str, Any] = {"thinned": thinned}
     if thinned or then_gc:

@@ -340,7 +340,7 @@ class Timeline:
         # ASCII digits are an id; anything else is looked up as a name exactly as given
         # (so a name stored before the rule of names.py, "-1" say, still finds its own)
         cid = ref if isinstance(ref, int) else parse_id(ref)
-        if cid is None:
+        if cid is None and isinstance(ref, str):  # (an int is always an id)
             key = name_key(ref)
             raw = r.get(NAMES, key) if key is not None else None
             if raw is not None:
@@ -575,8 +575,8 @@ class Timeline:
                 ino_now = self._lookup_or_none(r, parent_now, name)
                 if ino_then is None and ino_now is None:
                     raise UserError(f"{path} exists neither at checkpoint {target.id} nor now")
-                for parent in {parent_then, parent_now} - {None}:
-                    keep.add((DIRENTS, u64(parent) + name))  # type: ignore[operator]
+                for parent in {p for p in (parent_then, parent_now) if p is not None}:
+                    keep.add((DIRENTS, u64(parent) + name))
                 for ino in (ino_then, ino_now):
                     if ino is not None:
                         keep.add((NODES, u64(ino)))
@@ -748,7 +748,8 @@ class Timeline:
                   dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange],
                   content: bool, names: dict[int, set[bytes]] | None) -> None:
         if names is not None and ia is not None and ia == ib:  # only the names that can differ
-            ea, eb = {}, {}
+            ea: dict[bytes, tuple[int, Node | None]] = {}
+            eb: dict[bytes, tuple[int, Node | None]] = {}
             for name in names.get(ia, ()):
                 for state, entries in ((sa, ea), (sb, eb)):
                     child = self._lookup_or_none(state, ia, name, siblings=False)

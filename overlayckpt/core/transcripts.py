@@ -252,8 +252,8 @@ def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, 
     whose PreToolUse came after the last completion before this call's."""
     if not lines or lines[-1].get("event") not in TOOL_EVENTS:
         return None
-    starts = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
-    starts = [t for t in starts if t is not None]
+    stamps = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
+    starts = [t for t in stamps if t is not None]
     if not starts:
         return None
     at = starts[-1]

@@ -352,6 +352,6 @@ def _int_in(v: Any, lo: int, hi: int) -> bool:
 
 def _trailer_ok(trailer: Any, tables: list[bytes]) -> bool:
     counts = trailer.get("counts") if isinstance(trailer, dict) else None
-    return (trailer.get("end") is True and isinstance(counts, dict)  # type: ignore[union-attr]
+    return (trailer.get("end") is True and isinstance(counts, dict)
             and all(isinstance(k, str) and k.encode() in tables and _int_in(v, 0, 1 << 62)
                     for k, v in counts.items()))

@@ -261,11 +261,11 @@ class GitExport:
         if parent is not None:
             stream.line(b"from " + parent.encode())
             stream.line(b"deleteall")
-        for i, (path, mode, sha, ino, node) in enumerate(files):
+        for i, (quoted, mode, sha, ino, node) in enumerate(files):
             if sha in have:
-                stream.line(f"M {mode} {sha} ".encode() + path)
+                stream.line(f"M {mode} {sha} ".encode() + quoted)
             else:
-                stream.line(f"M {mode} inline ".encode() + path)
+                stream.line(f"M {mode} inline ".encode() + quoted)
                 stream.data(self._content(state, ino, node))
                 have.add(sha)  # the same content again: fast-import dedups, we save the read
             if i % _YIELD_EVERY == 0:
@@ -354,7 +354,7 @@ class GitExport:
             raw = r.get(CONV, u64(key))
             if raw is None:
                 break
-            line: dict[str, Any] = unpack_obj(raw)  # type: ignore[assignment]
+            line: dict[str, Any] = unpack_obj(raw)
             if len(lines) < CONV_LINES:
                 lines.append(line)
             else:

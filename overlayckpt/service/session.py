@@ -168,7 +168,7 @@ class Session:
         if self.readers is not None:
             self.store.store_deferred()  # (another process reads only what is committed)
             try:
-                return await self.readers.call(name, cmd)  # type: ignore[no-any-return]
+                return await self.readers.call(name, cmd)
             except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): still answered
                 log.warning("the store's reader failed, %s runs in the daemon: %s", name,
                             str(e).strip().splitlines()[-1:])
@@ -191,8 +191,7 @@ class Session:
 
     async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd.get("cmd")
-        handler = COMMANDS.get(name)  # type: ignore[arg-type]
-        if handler is None:
+        if not isinstance(name, str) or (handler := COMMANDS.get(name)) is None:
             raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(COMMANDS))}")
         if self.sandboxed and name in REACHES_OUT:
             raise UserError(f"{name} is refused: this session is sandboxed (run --private) and "
@@ -205,7 +204,7 @@ class Session:
             await make_durable(self.store)
         elif durable is not None or name in SYNC_SOON:  # (a durable command's other calls)
             trio.lowlevel.spawn_system_task(self._sync_now)
-        timed = self.command_times.get(name)  # type: ignore[arg-type]
+        timed = self.command_times.get(name)
         if timed is not None:
             timed.record(time.monotonic_ns() - started)
         return result

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import blake3
 import lmdb
@@ -109,10 +109,10 @@ class SyncPoint:
 class ReadTxn:
     """A read view of every table, consistent for its lifetime."""
 
-    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+    def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
         self.txn = txn
-        self._cursors: dict[bytes, lmdb.Cursor] = {}  # seek's and seek_before's, one per table
+        self._cursors: dict[bytes, lmdb.Cursor[bytes]] = {}  # seek's and seek_before's, one per table
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         if table == BLOCKS:
@@ -179,7 +179,7 @@ class ReadTxn:
         found = cur.prev() if cur.set_range(key) else cur.last()
         return _whole_in(table, cur.item()) if found else None
 
-    def _cursor(self, table: bytes) -> lmdb.Cursor:
+    def _cursor(self, table: bytes) -> lmdb.Cursor[bytes]:
         cur = self._cursors.get(table)
         if cur is None:  # (each seek places it anew, whatever was written since)
             cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
@@ -384,7 +384,7 @@ class Store:
         self._counter = last.counter if last else 0
         self._flush_lock = threading.Lock()
         self._durable = 0  # txnid of the newest recorded snapshot
-        self._pins: list[tuple[SyncPoint, lmdb.Transaction]] = []  # oldest first
+        self._pins: list[tuple[SyncPoint, lmdb.Transaction[bytes]]] = []  # oldest first
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
         self._since_point = 0  # commits since the last sync point began
         self._point_pages = 0  # the file's pages when the last sync point began
@@ -552,6 +552,11 @@ class Store:
     def _store_deferred_here(self) -> None:
         if self._deferred_here():
             self.store_deferred()
+
+    @overload
+    def _commit_with_deferred(self, fn: Callable[[WriteTxn], T]) -> T: ...
+    @overload
+    def _commit_with_deferred(self, fn: None) -> None: ...
 
     def _commit_with_deferred(self, fn: Callable[[WriteTxn], T] | None) -> T | None:
         """The deferred writes, then fn (if any), in one transaction; if that fails, each
@@ -917,9 +922,13 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
             copied, error = 0, None
             batch: list[tuple[bytes, bytes]] = []
 
-            def flush(name: bytes = name, batch: list[tuple[bytes, bytes]] = batch) -> None:
-                out.write(lambda w: [w.put(name, k, v) for k, v in batch
-                                     if name != META or k not in DERIVED_KEYS])
+            def copy(w: WriteTxn, name: bytes = name, batch: list[tuple[bytes, bytes]] = batch) -> None:
+                for k, v in batch:
+                    if name != META or k not in DERIVED_KEYS:
+                        w.put(name, k, v)
+
+            def flush(batch: list[tuple[bytes, bytes]] = batch) -> None:
+                out.write(copy)
                 batch.clear()
             try:
                 db = env.open_db(name, create=False)
@@ -933,7 +942,11 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
                 error = str(e)
             flush()
             yield name.decode(), copied, error
-        out.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at open
+
+        def drop_derived(w: WriteTxn) -> None:
+            for key in DERIVED_KEYS:
+                w.delete(META, key)
+        out.write(drop_derived)  # rebuilt at open
     finally:
         env.close()
         out.close()

@@ -44,7 +44,7 @@ CALLERS = [ME, OTHER, Caller(4444, "third")]
 DIRS = [b"n1", b"n2"]  # made and removed at the top: subtrees that come and go
 
 
-def _dirs(ov) -> list[int]:  # type: ignore[no-untyped-def]
+def _dirs(ov) -> list[int]:
     out = [ROOT_INO, ino(ov, "docs")]
     for name in DIRS:
         try:
@@ -306,7 +306,7 @@ def _files(s: Session) -> dict[int, tuple[list[dict[str, str]], int, str]]:
     from overlayckpt.core.summaries import checkpoint_entry
     tl = Timeline(s)
 
-    def fn(r):  # type: ignore[no-untyped-def]
+    def fn(r):
         entries = {ck.id: checkpoint_entry(r, ck) for ck in tl.all(r)}
         return {i: (e["files"], e["files_total"], e["summary"]) for i, e in entries.items()}
     return s.store.read(fn)
@@ -342,14 +342,14 @@ def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Sessi
 class _CountedSeeks:
     """A read transaction that counts its index seeks."""
 
-    def __init__(self, r) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, r) -> None:
         self.r, self.seeks = r, 0
 
-    def seek(self, *args):  # type: ignore[no-untyped-def]
+    def seek(self, *args):
         self.seeks += 1
         return self.r.seek(*args)
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.r, name)
 
 
@@ -373,8 +373,8 @@ def test_a_diff_costs_what_changed_not_the_names_a_directory_ever_held(session: 
     ov.write(OTHER, gone, 0, b"y")
     ov.remove(OTHER, out, b"gone.o", False)
     b = tl.checkpoint("b", None, ME)
-    def diff(x, y):  # type: ignore[no-untyped-def]
-        def fn(r):  # type: ignore[no-untyped-def]
+    def diff(x, y):
+        def fn(r):
             c = _CountedSeeks(r)
             return [(f.path, f.change) for f in tl.changes(c, x, y)], c.seeks
         return session.store.read(fn)
@@ -541,7 +541,7 @@ async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
         await _random_history(s, seed, steps=200)
         tl = Timeline(s)
 
-        def full(r, seq):  # type: ignore[no-untyped-def]
+        def full(r, seq):
             rows = {}
             for c, key, value, last in history.values_since(r, seq):
                 current = r.get(TABLE_NAMES[c], key)
