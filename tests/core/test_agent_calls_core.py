@@ -23,8 +23,8 @@ def result(s: Session, call_id: str) -> None:
 
 
 def autos(s: Session) -> list[Any]:
-    Timeline(s).seal()
-    return [c for c in s.store.read(Timeline(s).all) if c.id > 0]
+    Timeline(s.ctx).seal()
+    return [c for c in s.store.read(Timeline(s.ctx).all) if c.id > 0]
 
 
 def conversation_at(s: Session, ck: Any) -> list[str]:
