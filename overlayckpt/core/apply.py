@@ -734,7 +734,7 @@ class _LiveState:
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.store.read(lambda r: r.get(table, key))
 
-    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return iter(self.store.read(lambda r: list(r.prefix(table, prefix))))
 
     def block(self, digest: bytes) -> bytes:

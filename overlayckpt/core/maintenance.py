@@ -348,7 +348,7 @@ def apply_merge(w: WriteTxn, m: Merge, done: Merged) -> int:
         raw = w.get(CKPTS, u64(cid))
         if raw is not None:
             c = Checkpoint.unpack(cid, raw)
-            w.put(CKPTS, u64(cid), dataclasses.replace(c, start_seq=merged.seq).pack())  # type: ignore[union-attr]
+            w.put(CKPTS, u64(cid), dataclasses.replace(c, start_seq=merged.seq).pack())  # type: ignore[union-attr]  # m.moved is () when merged is None
     return gone
 
 

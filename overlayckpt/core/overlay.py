@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import trio
@@ -70,7 +70,7 @@ class Mutation:
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.w.get(table, key)
 
-    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.w.prefix(table, prefix)
 
     def block(self, digest: bytes) -> bytes:
@@ -148,12 +148,12 @@ class Overlay(Tree):
 
     def live(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state (through a read transaction)."""
-        return self.store.read(fn)  # type: ignore[arg-type]
+        return self.store.read(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
 
     def peek(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state but for the writes deferred (write_later): for a read that
         touches no inode they write, which the caller checks (Store.deferring)."""
-        return self.store.peek(fn)  # type: ignore[arg-type]
+        return self.store.peek(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
 
     def _own(self, m: Mutation, ino: int) -> Node:
         """The node record of ino, created from the lower entry if it has none yet."""

@@ -138,7 +138,7 @@ def _fill_files(w: WriteTxn, lo: int, files: list[FileChange] | None) -> None:
         mine = files[i * len(files) // len(recs):(i + 1) * len(files) // len(recs)]
         if mine:
             paths, changes = tuple(f.path for f in mine), tuple(f.change for f in mine)
-            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]
+            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]  # the record being listed is there
                                            paths, changes)
             w.put(JOURNAL, u64(rec.seq), raw)
             groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
@@ -253,7 +253,7 @@ class _Replaced:
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         found = self.values.get((table, key), self)
-        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]
+        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]  # self is the missing-key sentinel
 
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         mine = [k for k in self.by_ino.get((table, prefix[:8]), ()) if k.startswith(prefix)] \
@@ -348,7 +348,7 @@ class Timeline:
         raw = r.get(CKPTS, u64(cid)) if cid is not None and 0 <= cid < 1 << 63 else None
         if raw is None:
             raise UserError(f"unknown checkpoint {shown(ref)}: 'overlayckpt log' lists them")
-        return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]
+        return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]  # raw found: cid is set
 
     # -- states ---------------------------------------------------------------
 
@@ -472,7 +472,7 @@ class Timeline:
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}
-            delta, warnings = self._select(r, target, delta, paths)  # type: ignore[arg-type]
+            delta, warnings = self._select(r, target, delta, paths)  # type: ignore[arg-type]  # V is the delta's value type
             for (table, key), (value, last) in delta.items():
                 current = r.get(table, key)
                 if current != value:
@@ -769,9 +769,9 @@ class Timeline:
             if a and b and a[0] == b[0] and a[0] not in dirty_inos and a[0] not in dirty_dirs:
                 continue  # same inode, untouched in between: same content and subtree
             if a_dir or b_dir:
-                if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]
+                if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]  # a_dir, b_dir: a and b are set
                     continue
-                self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]
+                self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]  # a_dir, b_dir: a and b are set
                                path + "/", dirty_inos, dirty_dirs, out, content, names)
             has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
             if not content:
@@ -779,8 +779,8 @@ class Timeline:
                     out.append(FileChange(path, "M" if has_a and has_b else "A" if has_b else "D",
                                           None, None))
                 continue
-            ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]
-            cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]
+            ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]  # has_a: a and na are set
+            cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]  # has_b: b and nb are set
             if ca == cb:
                 continue
             change = "A" if ca is None else "D" if cb is None else "M"

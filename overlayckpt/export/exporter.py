@@ -201,7 +201,7 @@ class GitExport:
                 else:
                     await self._full_tree(git, r, stream, ck)
             else:
-                await self._changes(r, stream, prev, ck)  # type: ignore[arg-type]
+                await self._changes(r, stream, prev, ck)  # type: ignore[arg-type]  # after the first, prev is set
             stream.line(b"")
             prev = ck
             await trio.sleep(0)
@@ -219,7 +219,7 @@ class GitExport:
                 if c.old is not None and git_mode(c.old[0]) is not None:
                     stream.line(b"D " + path)  # deletions first: a file may become a directory
             else:
-                adds.append((new_mode, path, c.new[1]))  # type: ignore[index]
+                adds.append((new_mode, path, c.new[1]))  # type: ignore[index]  # not a deletion: c.new is set
         for mode, path, data in adds:
             stream.line(f"M {mode} inline ".encode() + path)
             stream.data(data)

@@ -313,7 +313,7 @@ class ControlFs:
                 # (what a command that failed part way changed: PartlyDone's details)
                 self._reply(h, {**getattr(e, "details", {}), "ok": False, "error": str(e)})
                 store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
-                return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
+                return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]  # store_failed: e is an FsError
             except Exception as e:  # a bad command must never take the daemon or the reply down
                 log.exception("control command failed: %r", line[:200])
                 self._reply(h, {"ok": False, "error": f"{shown(cmd.get('cmd'))} failed unexpectedly "

@@ -72,7 +72,7 @@ def translate_errors(fn: F) -> F:
         except Exception:
             log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # wraps(fn): the same signature as fn
 
 
 @dataclass(slots=True)

@@ -888,12 +888,12 @@ def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
         return False  # closed cleanly: nothing after the record
     cache_lost = rec is not None and (rec.ident != synced.incarnation(path)
                                       or newest is None or newest < rec.txnid)
-    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]
+    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]  # cache_lost: rec is set
         log.warning("store %s was not closed and its page cache is gone (power cut?): "
                     "rolling back to its last sync point (transaction %d, was %s)",
-                    path, rec.txnid, newest)  # type: ignore[union-attr]
+                    path, rec.txnid, newest)  # type: ignore[union-attr]  # cache_lost: rec is set
         try:
-            synced.roll_back(path, rec)  # type: ignore[arg-type]
+            synced.roll_back(path, rec)  # type: ignore[arg-type]  # cache_lost: rec is set
         except OSError as e:
             raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
                                f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None

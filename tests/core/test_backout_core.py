@@ -50,7 +50,7 @@ def step(s: Session, *edits: Any) -> int:
         fn(s, *args)
     tl = Timeline(s.ctx)
     tl.seal()
-    return tl.latest().id  # type: ignore[union-attr]
+    return tl.latest().id  # type: ignore[union-attr]  # sealed: a checkpoint exists
 
 
 async def backout(s: Session, cid: int, *paths: str) -> dict[str, Any]:

@@ -639,7 +639,7 @@ async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
     monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
     ran = []
     for name in ("warm_changed", "warm_up"):
-        def spy(*args, _real=getattr(history, name), _name=name):  # noqa: B008  (bound per name)  # type: ignore[no-untyped-def]
+        def spy(*args, _real=getattr(history, name), _name=name):  # noqa: B008  (bound per name)
             done = _real(*args)
             ran.append((_name, done))
             return done
