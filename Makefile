@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-fast test-agents agents stress demo bench bench-quick clean deps
+.PHONY: install lint test test-fast test-agents agents stress demo bench bench-quick clean deps
 
 install: $(STAMP)
 
@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard overlayckpt/fuse/csrc/*.c overlayck
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# compat: the .pth is a plain path, no import finder (it cost every CLI start ~10-20 ms)
-	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[test,lint]' --config-settings editable_mode=compat
 	touch $(STAMP)
+
+# ruff (lint and import order) and mypy, both configured in pyproject.toml
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -151,7 +151,7 @@ class Contender:
         for mp, fstype in mounts_under(self.workdir):
             try:
                 force_unmount(mp, fstype)
-            except Exception as e:  # noqa: BLE001 - teardown must go on
+            except Exception as e:  # teardown must go on
                 log.warning("unmount %s: %s", mp, e)
 
     def remount(self) -> None:
@@ -271,7 +271,7 @@ class _FuseDaemon(Contender):
     def teardown(self) -> None:
         try:
             self._stop()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.warning("%s teardown: %s", self.name, e)
 
     def remount(self) -> None:
@@ -430,7 +430,7 @@ class Overlayckpt(Contender):
         try:
             from overlayckpt.cli.client import Connection  # the CLI's own control-channel client
             self._send = Connection
-        except Exception as e:  # noqa: BLE001 - any import failure means: use the CLI
+        except Exception as e:  # any import failure means: use the CLI
             self._send = None
             self.notes.append(f"control client not importable ({type(e).__name__}); checkpoints via CLI")
 
@@ -442,7 +442,7 @@ class Overlayckpt(Contender):
             if self._conn is None:
                 self._conn = self._send(str(self.root))
             return self._conn.call(cmd)
-        except Exception as e:  # noqa: BLE001 - UserError and friends
+        except Exception as e:  # UserError and friends
             raise ContenderError(f"control {cmd['cmd']}: {type(e).__name__}: {e}") from e
 
     def _mount(self) -> None:
@@ -468,7 +468,7 @@ class Overlayckpt(Contender):
         if is_mounted(self.root):
             try:
                 self._cli("unmount", str(self.root), "--no-apply", timeout=60)
-            except Exception as e:  # noqa: BLE001 - fall back to fusermount3
+            except Exception as e:  # fall back to fusermount3
                 self.notes.append(f"CLI unmount failed: {e}")
         super().teardown()
 

@@ -68,8 +68,8 @@ class ProjectCommand(Workload):
             os.sync()  # the clean's write-back must not land in the timed run
             pid = c.daemon_pid()
             daemon0, own0, t0 = process_cpu_ns(pid), children_cpu_ns(), now()
-            r = subprocess.run(self.argv, cwd=c.root / self.project, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=SUBPROCESS_TIMEOUT)
+            r = subprocess.run(self.argv, cwd=c.root / self.project, env=env, capture_output=True,
+                               timeout=SUBPROCESS_TIMEOUT)
             wall, own, daemon1 = now() - t0, children_cpu_ns() - own0, process_cpu_ns(pid)
             if r.returncode != 0:
                 raise RuntimeError(f"{' '.join(self.argv)} exited {r.returncode}: "

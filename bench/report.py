@@ -214,10 +214,12 @@ LONG_OPS = [
     ("ls_log20", "`log --limit 20`", 100e6), ("ls_checkpoint", "`checkpoint`", 50e6),
     ("ls_view_ls@start", "view: list a dir at a checkpoint near the start", None),
     ("ls_view_ls@middle", "view: list a dir, middle", None), ("ls_view_ls@end", "view: list a dir, end", None),
-    ("ls_view_read@start", "view: read a file, start", None), ("ls_view_read@middle", "view: read a file, middle", None),
+    ("ls_view_read@start", "view: read a file, start", None),
+    ("ls_view_read@middle", "view: read a file, middle", None),
     ("ls_view_read@end", "view: read a file, end", None),
     ("ls_diff_stat@start", "`diff A A+10 --stat`, start", None),
-    ("ls_diff_stat@middle", "`diff A A+10 --stat`, middle", None), ("ls_diff_stat@end", "`diff A A+10 --stat`, end", None),
+    ("ls_diff_stat@middle", "`diff A A+10 --stat`, middle", None),
+    ("ls_diff_stat@end", "`diff A A+10 --stat`, end", None),
     ("ls_restore@first", "`restore` to the first checkpoint (0)", 250e6),
     ("ls_restore@middle", "`restore` to the middle", 250e6), ("ls_restore@last", "`restore` to the last", 250e6),
     ("ls_restore_back@first", "`restore @before-last` (back from the first)", None),
@@ -280,7 +282,8 @@ def _long_session_lines(size: dict, c: str) -> list[str]:
                       (f"ls_restore_back_{n}_created", f"`restore @before-last` (brings the {n:,} back)", None)]
     lines = [f"### Long session ({c}): {f.get('records', 0):,} journal records, {f.get('checkpoints', 0):,} "
              f"checkpoints, {f.get('repo_files', 0):,} repo files", "",
-             f"- built in-process in {f.get('build_s', 0):.0f} s (cached after), store {fmt_bytes(f.get('store_bytes', 0))}; "
+             f"- built in-process in {f.get('build_s', 0):.0f} s (cached after), "
+             f"store {fmt_bytes(f.get('store_bytes', 0))}; "
              "every command timed from the CLI, process start-up included", "",
              "| operation | n | p50 | p90 | target (issue 16) | |", "|---|---:|---:|---:|---:|---|"]
     for metric, what, target in ops:
@@ -309,9 +312,12 @@ def markdown(results: dict) -> str:
     lines.append(f"- tools: python {meta.get('python')}, {meta.get('git')}, {meta.get('fuse_overlayfs')}, "
                  f"pyfuse3 {meta.get('pyfuse3')}")
     lines.append(f"- project commit: {meta.get('project_commit')}")
-    lines.append(f"- cold caches: {'drop_caches + FUSE remount' if meta.get('can_drop_caches') else 'NOT cold: drop_caches not permitted'}")
-    lines.append("- p50 / p90 / p99 of per-operation wall time; ratios are p50 (or p99) over the baseline's, same run and size.")
-    lines.append("- shadow-git is a native directory for plain file operations, so it runs only the checkpoint workloads.")
+    cold = "drop_caches + FUSE remount" if meta.get("can_drop_caches") else "NOT cold: drop_caches not permitted"
+    lines.append(f"- cold caches: {cold}")
+    lines.append("- p50 / p90 / p99 of per-operation wall time; ratios are p50 (or p99) over the baseline's, "
+                 "same run and size.")
+    lines.append("- shadow-git is a native directory for plain file operations, so it runs only the checkpoint "
+                 "workloads.")
     lines.append("- overlayckpt `checkpoint` / `restore_*` go through the daemon's control file (the channel its CLI "
                  "uses); `checkpoint_cli` / `restore_100_cli` run the CLI, Python start-up included. "
                  "shadow-git is always two or more git processes.")
@@ -358,7 +364,8 @@ def _section(title: str, size: dict) -> list[str]:
         lines.append("")
         lines.append("### Detail")
         lines.append("")
-        lines.append("| workload | contender | n | p50 | p90 | p99 | p50 ×native | p50 ×fuse-ovl | p99 ×fuse-ovl | p50 ×shadow-git |")
+        lines.append("| workload | contender | n | p50 | p90 | p99 | p50 ×native | p50 ×fuse-ovl | p99 ×fuse-ovl "
+                     "| p50 ×shadow-git |")
         lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for m in sorted(metrics, key=metric_key):
             for n in sorted(metrics[m], key=contender_key):
@@ -366,7 +373,8 @@ def _section(title: str, size: dict) -> list[str]:
                 lines.append(
                     f"| {m} | {n} | {st['n']} | {fmt_ns(st['p50_ns'])} | {fmt_ns(st['p90_ns'])} | "
                     f"{fmt_ns(st['p99_ns'])} | {fmt_ratio(st.get('ratio_native_p50'))} | "
-                    f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p50'))} | {fmt_ratio(st.get('ratio_fuse_overlayfs_p99'))} | "
+                    f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p50'))} | "
+                    f"{fmt_ratio(st.get('ratio_fuse_overlayfs_p99'))} | "
                     f"{fmt_ratio(st.get('ratio_shadow_git_p50'))} |")
         lines.append("")
     for c in sorted(size.get("stall", {}), key=contender_key):

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import report
@@ -154,7 +154,7 @@ def environment(args: argparse.Namespace, can_drop: bool) -> dict:
     dirty = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain"],
                            capture_output=True, text=True).stdout.strip()
     return {
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
         "args": vars(args),
         "kernel": platform.release(),
@@ -162,7 +162,8 @@ def environment(args: argparse.Namespace, can_drop: bool) -> dict:
         "mem_gb": mem,
         "python": platform.python_version(),
         "git": _version(["git", "--version"]),
-        "fuse_overlayfs": _version(["fuse-overlayfs", "--version"], "fuse-overlayfs") if shutil.which("fuse-overlayfs") else "missing",
+        "fuse_overlayfs": (_version(["fuse-overlayfs", "--version"], "fuse-overlayfs")
+                           if shutil.which("fuse-overlayfs") else "missing"),
         "pyfuse3": _pkg_version("pyfuse3"),
         "overlayckpt": _pkg_version("overlayckpt"),
         "project_commit": commit + (" (dirty)" if dirty else ""),
@@ -199,7 +200,7 @@ def run_workload(w: Workload, live: list[Contender], dead: set[str], ctx: Ctx, s
         watchdog.arm(c, batch_timeout)
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - one contender's failure must not end the run
+        except Exception as e:  # one contender's failure must not end the run
             failed.add(c.name)
             err = " ".join(f"{what}: {type(e).__name__}: {e}".split())
             if watchdog.fired:
@@ -228,7 +229,7 @@ def run_workload(w: Workload, live: list[Contender], dead: set[str], ctx: Ctx, s
             gc.disable()  # no collector pauses inside timed loops
             try:
                 guarded(c, f"round {r + 1}",
-                        lambda c=c: w.run(c, ctx, starts[c.name], per_round, samples[c.name]))
+                        lambda c=c: w.run(c, ctx, starts[c.name], per_round, samples[c.name]))  # noqa: B023
             finally:
                 gc.enable()
             starts[c.name] += per_round
@@ -297,7 +298,7 @@ def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, nam
                 prime(c)
                 live.append(c)
                 size_res["contenders"][c.name] = {"status": "ok", "setup_s": time.monotonic() - t0}
-            except Exception as e:  # noqa: BLE001 - skip the contender, keep the run
+            except Exception as e:  # skip the contender, keep the run
                 c.teardown()
                 reason = f"{type(e).__name__}: {e}"[-600:]
                 size_res["contenders"][c.name] = {"status": "skipped", "reason": reason}
@@ -312,7 +313,8 @@ def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, nam
         for c in live:
             if c.supports_checkpoint and c.name in ctx.hist:
                 h = ctx.hist[c.name]
-                size_res.setdefault("restore_verification", {})[c.name] = {"ok": h.verify_ok, "failed": h.verify_failures}
+                size_res.setdefault("restore_verification", {})[c.name] = {"ok": h.verify_ok,
+                                                                            "failed": h.verify_failures}
         size_res.update(ctx.extra)
         if ctx.pool.wrapped:
             size_res["notes"].append("target pool wrapped: some 'first' edits were repeats")
@@ -357,10 +359,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.workloads = [s for s in args.workloads.split(",") if s]
     hist = args.history or ("10,1000" if args.quick else "10,10000")
     args.history = [int(x) for x in hist.split(",")]
-    args.long_session = [int(x) for x in (args.long_session or ("20000,2000" if args.quick else "1000000,100000")).split(",")]
+    long_session = args.long_session or ("20000,2000" if args.quick else "1000000,100000")
+    args.long_session = [int(x) for x in long_session.split(",")]
     if args.created_files is None:
         args.created_files = 5000 if args.quick else 20000
-    unknown = [c for c in args.contenders if c not in ALL and c not in EXTRA] + [w for w in args.workloads if w not in names]
+    unknown = ([c for c in args.contenders if c not in ALL and c not in EXTRA]
+               + [w for w in args.workloads if w not in names])
     if unknown:
         p.error(f"unknown contender/workload: {', '.join(unknown)}")
     if len(args.history) != 2:

@@ -28,8 +28,16 @@ import time
 from pathlib import Path
 
 from bench import longsession
-from bench.contenders import (MOUNT_TIMEOUT, Contender, ContenderError, Overlayckpt, force_unmount, is_mounted,
-                              run_cli, wait_mounted)
+from bench.contenders import (
+    MOUNT_TIMEOUT,
+    Contender,
+    ContenderError,
+    Overlayckpt,
+    force_unmount,
+    is_mounted,
+    run_cli,
+    wait_mounted,
+)
 from bench.workloads import Ctx, Samples, Workload, _add, now
 
 # -- probes of the mount -----------------------------------------------------------

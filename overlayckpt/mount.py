@@ -25,23 +25,23 @@ from overlayckpt.fuse import kcache
 
 kcache.preload()  # before pyfuse3 binds libfuse (see kcache.py)
 
-import pyfuse3  # noqa: E402
+import pyfuse3
 import trio
 
 from overlayckpt.core.apply import apply_live
+from overlayckpt.core.latency import Captures
+from overlayckpt.core.maintenance import DEFAULT_BUDGET
+from overlayckpt.core.overlay import make_durable
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.core.workers import wait_idle
+from overlayckpt.errors import UserError
 from overlayckpt.fuse.control import ControlFs
 from overlayckpt.fuse.mounterr import reason, stderr_lines
-from overlayckpt.errors import UserError
 from overlayckpt.fuse.ops import Operations
-from overlayckpt.core.latency import Captures
-from overlayckpt.core.overlay import make_durable
-from overlayckpt.core.maintenance import DEFAULT_BUDGET
-from overlayckpt.core.timeline import Timeline
-from overlayckpt.service.session import Session
-from overlayckpt.service.reader import Readers
-from overlayckpt.core.workers import wait_idle
-from overlayckpt.store.info import read_info, write_info
 from overlayckpt.fuse.views import CheckpointViews
+from overlayckpt.service.reader import Readers
+from overlayckpt.service.session import Session
+from overlayckpt.store.info import read_info, write_info
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ _U64 = struct.Struct(">Q")
 
 def iso_time(ns: int) -> str:
     """A nanosecond timestamp as ISO 8601 UTC, as log, conversation and export show it."""
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).isoformat(
         timespec="milliseconds")
 
 
@@ -147,7 +147,7 @@ class Node:
                               self.flags, self.target, self.parent))
 
     @classmethod
-    def unpack(cls, raw: bytes) -> "Node":
+    def unpack(cls, raw: bytes) -> Node:
         return cls(*unpack_obj(raw))
 
     @property
@@ -188,13 +188,13 @@ class JournalRecord:
         )
 
     @classmethod
-    def unpack(cls, seq: int, raw: bytes) -> "JournalRecord":
+    def unpack(cls, seq: int, raw: bytes) -> JournalRecord:
         t, pid, comm, op, paths, changes, undo = unpack_obj(raw)
         return cls(seq, t, pid, comm, op, tuple(paths), tuple(changes),
                    tuple((u[0], u[1], u[2]) for u in undo))
 
     @classmethod
-    def unpack_head(cls, seq: int, raw: bytes) -> "JournalRecord":
+    def unpack_head(cls, seq: int, raw: bytes) -> JournalRecord:
         """Everything but the undo entries (left empty): what the log shows, without
         building the tens of thousands of entries a restore's record may hold."""
         unpacker = msgpack.Unpacker(unicode_errors="surrogateescape")
@@ -244,7 +244,7 @@ class Checkpoint:
                          self.next_ino])
 
     @classmethod
-    def unpack(cls, cid: int, raw: bytes) -> "Checkpoint":
+    def unpack(cls, cid: int, raw: bytes) -> Checkpoint:
         return cls(cid, *unpack_obj(raw))
 
 

@@ -123,6 +123,7 @@ def _stream(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
         "id": "msg_e2e", "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": usage}})]
     for i, block in enumerate(blocks):
+        start: dict[str, Any]
         if block["type"] == "text":
             start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
-from helpers_users import user  # noqa: E402,F401  (the one session-wide second user)
+from helpers_users import user  # noqa: F401  (the one session-wide second user)
 
 CLI = [sys.executable, "-m", "overlayckpt"]
 
@@ -115,12 +115,12 @@ def model() -> Iterator[Any]:
     server.close()
 
 
-def conversation(m: "Mount") -> list[dict]:
+def conversation(m: Mount) -> list[dict]:
     """The mount's conversation sidecar, line by line."""
     return [json.loads(x) for x in (m.mnt / ".overlayckpt" / "conversation.jsonl").read_text().splitlines()]
 
 
-def summaries(m: "Mount") -> dict[str, str]:
+def summaries(m: Mount) -> dict[str, str]:
     """Each changed path -> the summary of the newest checkpoint that changed it."""
     out: dict[str, str] = {}
     for c in sorted(m.ctl_ok({"cmd": "log"})["checkpoints"], key=lambda c: c["id"]):
@@ -219,8 +219,12 @@ def tear_down(mounts: list[Mount], fsck: bool) -> None:
         assert proc.returncode == 0, f"fsck after the test:\n{proc.stdout}{proc.stderr}"
 
 
+class MountFactory(Protocol):
+    def __call__(self, repo: Path, *extra: str, name: str = "mnt") -> Mount: ...
+
+
 @pytest.fixture
-def mount_factory(tmp_path: Path) -> Iterator:
+def mount_factory(tmp_path: Path) -> Iterator[MountFactory]:
     """Mount any repo at a separate mountpoint; unmount everything at teardown.
 
     A mount is recorded before the CLI starts its daemon, so that a mount that fails
@@ -306,7 +310,7 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.fixture
-def mounted(repo: Path, mount_factory) -> Iterator[Mount]:
+def mounted(repo: Path, mount_factory: MountFactory) -> Iterator[Mount]:
     """The sample repo mounted at a separate mountpoint; the repo must stay untouched."""
     before = tree_digest(str(repo))
     m = mount_factory(repo)

@@ -129,7 +129,7 @@ def fail(err: int) -> pyfuse3.FUSEError:
 
 def guarded(fn):
     """Every request fails with EIO once the cut happened; nothing more is recorded."""
-    async def wrapper(self: "FaultFs", *args: Any) -> Any:
+    async def wrapper(self: FaultFs, *args: Any) -> Any:
         if self.frozen:
             raise fail(errno.EIO)
         return await fn(self, *args)

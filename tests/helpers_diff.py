@@ -34,7 +34,7 @@ def outcome(fn: Callable[[], Any]) -> tuple:
     try:
         return ("ok", fn())
     except OSError as e:
-        return ("err", errno.errorcode.get(e.errno, e.errno))
+        return ("err", errno.errorcode.get(e.errno, e.errno) if e.errno is not None else None)
 
 
 def unmount(mnt: Path) -> None:

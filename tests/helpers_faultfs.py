@@ -51,6 +51,7 @@ class FaultFsProc:
 
     def _wait_ready(self) -> None:
         sel = selectors.DefaultSelector()
+        assert self.proc.stdout is not None  # (Popen with stdout=PIPE)
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + START_TIMEOUT
         buf = b""

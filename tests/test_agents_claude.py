@@ -20,6 +20,7 @@ import pytest
 from agent_server import ScriptedModel, agent_cli, assert_each_call_restores
 from conftest import Mount, run_cli
 
+
 @pytest.fixture(scope="module")
 def claude() -> Path:
     return agent_cli("claude")

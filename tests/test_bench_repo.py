@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import CLI, make_repo, run_cli, tree_digest, wait_for
 
+from conftest import CLI, make_repo, run_cli, tree_digest, wait_for
 from overlayckpt.cli.bench import sample_files
 
 SIX = ("native_p50_us", "mounted_p50_us", "ratio_p50", "native_p99_us", "mounted_p99_us",

@@ -15,11 +15,10 @@ from pathlib import Path
 import lmdb.verify
 import pytest
 
-from overlayckpt.store import synced
 from overlayckpt.errors import StoreDamaged
-from overlayckpt.tables import REPO_KEY
-from overlayckpt.store import lmdbstore
+from overlayckpt.store import lmdbstore, synced
 from overlayckpt.store.lmdbstore import Store
+from overlayckpt.tables import REPO_KEY
 
 TABLE = b"conv"
 PAGE = 4096
@@ -252,6 +251,7 @@ def test_recover_salvages_a_damaged_store_and_keeps_it(tmp_path: Path,
 
 def test_map_growth_never_runs_under_an_open_read(tmp_path: Path) -> None:
     import errno
+
     from overlayckpt.errors import FsError
     store = Store.open(str(tmp_path / "s"))
     store._drop_pins(keep=0)

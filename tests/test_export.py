@@ -475,11 +475,11 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
     recorded file's inode, kept alive outside the repo, is moved over a file the session never
     touched, with that file's content), and it shows its own content, not the pinned one."""
     from overlayckpt.core.apply import apply_live
-    from overlayckpt.export.importer import import_bundle
     from overlayckpt.core.journal import Caller
+    from overlayckpt.core.timeline import Timeline
+    from overlayckpt.export.importer import import_bundle
     from overlayckpt.records import ROOT_INO
     from overlayckpt.service.session import Session
-    from overlayckpt.core.timeline import Timeline
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "victim.txt").write_bytes(b"the deleted file\n")
@@ -495,7 +495,7 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
         ov.write(me, ov.live(lambda r: ov.resolve(r, "kept.txt")), 0, b"R")
         ov.remove(me, ROOT_INO, b"victim.txt", False)
         os.link(repo / "victim.txt", tmp_path / "alive")  # the inode outlives apply's unlink
-        apply_live(s)  # pins victim.txt (with its number) and removes it from the repo
+        apply_live(s.ctx)  # pins victim.txt (with its number) and removes it from the repo
     finally:
         s.close()
     offline(store, repo, {"cmd": "export_bundle", "path": str(bundle)})
@@ -516,7 +516,7 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
         ino = ov.live(lambda r: ov.resolve(r, "other.txt"))
         assert ov.live(lambda r: ov.read_all(r, ino)) == b"unrelated\n"
         assert ov.live(lambda r: ov.read_all(r, ov.resolve(r, "kept.txt"))) == b"Referenced\n"
-        tl = Timeline(s)
+        tl = Timeline(s.ctx)
         pinned = s.store.read(lambda r: ov.resolve(tl.state(r, tl.get(r, "before")), "victim.txt"))
         created, _ = ov.create(Caller(os.getpid(), "test"), ROOT_INO, b"new.txt", 0o100644, 0, 0)
         assert len({number, pinned, created}) == 3  # the fresh number is the overlay's own
@@ -532,7 +532,7 @@ def test_bundle_import_never_keeps_a_number_the_target_gave_another_file(tmp_pat
     # restore may skip it as a file made since (the import leaves the counters unknown)
     s = Session.open(str(imported), str(checkout))
     try:
-        assert {ck.next_ino for ck in s.store.read(Timeline(s).all)} == {0}
+        assert {ck.next_ino for ck in s.store.read(Timeline(s.ctx).all)} == {0}
     finally:
         s.close()
     offline(imported, checkout, {"cmd": "restore", "id": "before", "what": "code"})

@@ -130,7 +130,7 @@ def test_reorder_persists_a_random_subset_deterministically(tmp_path: Path) -> N
             rep["pages_persisted"]) == outcomes[2]
     # over these seeds some cut kept part of the writes: neither nothing nor everything
     assert any(0 < n < 40 for n, _, _ in outcomes), outcomes
-    assert len({o for o in outcomes}) > 1, outcomes
+    assert len(set(outcomes)) > 1, outcomes
 
 
 def test_rename_without_fsyncdir_may_be_undone(tmp_path: Path) -> None:

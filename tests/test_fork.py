@@ -71,7 +71,7 @@ def test_two_forks_of_one_checkpoint(tmp_path: Path, repo: Path, two_forks) -> N
     assert {f["path"] for f in own["files"]} == {"docs/guide.txt", "src/main.py", "bin.dat"}
 
     # log says where each fork started; fsck follows the chain to the parent's blocks
-    assert f"at its checkpoint" in run_cli("--mount", str(m2), "log").stdout
+    assert "at its checkpoint" in run_cli("--mount", str(m2), "log").stdout
     assert "clean" in run_cli("--mount", str(m2), "fsck").stdout
 
     # the winner's tree, exactly, into the repo

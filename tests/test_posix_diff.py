@@ -821,8 +821,8 @@ def test_rename_with_unknown_flags_is_einval(sample: Mount) -> None:
 
 
 def test_overlay_rename_refuses_unknown_flags(tmp_path: Path) -> None:
-    from overlayckpt.errors import FsError
     from overlayckpt.core.journal import Caller
+    from overlayckpt.errors import FsError
     from overlayckpt.records import ROOT_INO
     from overlayckpt.service.session import Session
     repo = make_repo(tmp_path / "repo")
@@ -1096,7 +1096,7 @@ def test_names_and_paths_at_the_limits_as_natively(sample: Mount, tmp_path: Path
         # 128-byte names down to PATH_MAX (4,096 with its NUL): each call as natively
         here, names = root, []
         while len(str(here)) + 129 < 4095:
-            here = here / ("d%03d" % len(names) + "x" * 124)
+            here = here / (f"d{len(names):03d}" + "x" * 124)
             names.append(outcome(lambda h=here: os.mkdir(h)))
         out.append(tuple(names))
         last = here / ("f" * (4094 - len(str(here)) - 1))

@@ -47,8 +47,8 @@ from typing import Any
 import pytest
 
 from conftest import CLI, daemon_pid, make_repo, proc_alive, wait_for
-from overlayckpt.store.synced import fsync_dir
 from helpers_faultfs import faultfs, is_mounted
+from overlayckpt.store.synced import fsync_dir
 
 OLD_AGE = float(os.environ.get("POWERCUT_OLD_AGE", "15"))
 COMMAND_TIMEOUT = 60.0
@@ -496,7 +496,7 @@ def check_after(out: dict[str, Any], repo: Path, mnt: Path, store: Path,
     for name, cid in named.items():
         if ids.get(name) != cid:
             out["lost"].append(f"named checkpoint {name} (id {cid}): "
-                               f"{'missing' if name not in ids else 'now id %s' % ids[name]}")
+                               f"{'missing' if name not in ids else f'now id {ids[name]}'}")
     for path, (states, why) in sorted(expect.items()):
         try:
             got = content_hash(mnt / path)

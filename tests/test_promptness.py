@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from conftest import (
-    CLI, daemon_pid, force_unmount, is_mounted, make_repo, proc_alive, run_cli, stop_daemon,
+    CLI,
+    daemon_pid,
+    force_unmount,
+    is_mounted,
+    make_repo,
+    proc_alive,
+    run_cli,
+    stop_daemon,
     wait_for,
 )
 

@@ -129,9 +129,9 @@ def _stopped_with_input(pid: int) -> bool:
 
 
 def _pipe_bytes(pid: int) -> int:
+    import array
     import fcntl
     import termios
-    import array
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
     try:
         buf = array.array("i", [0])

@@ -31,7 +31,15 @@ from typing import Any
 import pytest
 
 from conftest import (
-    CLI, Mount, daemon_pid, force_unmount, is_mounted, make_repo, proc_alive, run_cli, tree_digest,
+    CLI,
+    Mount,
+    daemon_pid,
+    force_unmount,
+    is_mounted,
+    make_repo,
+    proc_alive,
+    run_cli,
+    tree_digest,
     wait_for,
 )
 
@@ -1033,7 +1041,7 @@ def shared_records(path: Path, workers: int) -> dict[int, int]:
     """Check shared.log holds whole 64-byte records, each writer's in order; count them."""
     data = path.read_bytes()
     assert len(data) % 64 == 0, f"a torn record in shared.log ({len(data)} bytes)"
-    counts = {w: 0 for w in range(workers)}
+    counts = dict.fromkeys(range(workers), 0)
     for k in range(0, len(data), 64):
         rec = data[k:k + 64]
         assert rec.endswith(b"\n"), f"torn record at {k}: {rec!r}"
@@ -1069,10 +1077,10 @@ class Checkpointer:
             try:
                 reply = self.m.ctl({"cmd": "checkpoint"})
                 self.ids.append(reply["id"]) if reply.get("ok") else self.errors.append(reply)
-            except Exception as e:  # noqa: BLE001 - reported by the test
+            except Exception as e:  # reported by the test
                 self.errors.append(repr(e))
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         self.thread.start()
         return self
 
@@ -1115,7 +1123,7 @@ def test_concurrent_writers_renamers_readers(tmp_path: Path) -> None:
         for cid in ids:
             assert m.ctl({"cmd": "restore", "id": cid, "what": "code"})["ok"]
             counts = shared_records(m.mnt / "shared.log", workers) if (m.mnt / "shared.log").exists() \
-                else {w: 0 for w in range(workers)}
+                else dict.fromkeys(range(workers), 0)
             for w in range(workers):
                 if not (m.mnt / f"w{w}").exists():
                     continue  # a checkpoint from before the subdirs existed
@@ -1135,7 +1143,7 @@ def test_concurrent_writers_renamers_readers(tmp_path: Path) -> None:
                     f"after steps {[k for k, t in enumerate(traces[w]) if t[0] == state[0]]}, with "
                     f"{counts[w]} appends where the native run had "
                     f"{sorted({t[1] for t in traces[w] if t[0] == state[0]})}; mount: "
-                    f"{[(p, v[2] if v[0] == 'f' else v[0]) for p, v in sorted(tree_digest(str(m.mnt / f'w{w}')).items())]}"
+                    f"{[(p, v[2] if v[0] == 'f' else v[0]) for p, v in sorted(tree_digest(str(m.mnt / f'w{w}')).items())]}"  # noqa: E501  (built on failure only)
                     f"; native with as many appends: {[t[2] for t in traces[w] if t[1] == counts[w]]}")
         fsck_clean(["--mount", str(m.mnt)])
         assert m.ctl({"cmd": "restore", "id": last, "what": "code"})["ok"]

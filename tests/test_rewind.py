@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyte
-
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 

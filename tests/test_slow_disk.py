@@ -23,9 +23,9 @@ import pytest
 
 from conftest import daemon_log_problems, force_unmount, make_repo, run_cli, stop_daemon, wait_for
 from helpers_faultfs import faultfs
-from test_promptness import _wchan
 from overlayckpt.store import synced
 from overlayckpt.store.lmdbstore import AHEAD_PAGES
+from test_promptness import _wchan
 
 MB = 1 << 20
 WRITTEN = 64 * MB  # far more than a writer may get ahead (AHEAD_PAGES pages, 8 MiB)

@@ -7,8 +7,7 @@ import mmap
 import os
 from pathlib import Path
 
-from conftest import Mount, tree_digest
-from conftest import wait_for
+from conftest import Mount, tree_digest, wait_for
 
 
 def test_mount_shows_repo(mounted: Mount) -> None:

@@ -19,7 +19,6 @@ import pytest
 from conftest import Mount, tree_digest
 from helpers_diff import run, unmount
 
-
 # cp -a, cp -p, sed -i (gnulib's copy_acl/qset_acl) set a copy's mode with
 # fsetxattr("system.posix_acl_access") first; the daemon refuses it with EOPNOTSUPP
 # so that the tools fall back to fchmod (the tests below check the modes).
@@ -53,7 +52,9 @@ def both(cmd: list[str], native: Path, mnt: Path, check: bool = True) -> str:
     """Run cmd in both trees; stdout, stderr and exit status must match. Returns stdout."""
     a = run(cmd, cwd=native, check=check)
     b = run(cmd, cwd=mnt, check=check)
-    norm = (lambda s, root: s.replace(str(root), "ROOT"))
+
+    def norm(s: str, root: Path) -> str:
+        return s.replace(str(root), "ROOT")
     assert (b.returncode, norm(b.stdout, mnt)) == (a.returncode, norm(a.stdout, native)), (
         f"{cmd}: mount gave {b.returncode} {b.stdout!r} {b.stderr!r}, "
         f"native gave {a.returncode} {a.stdout!r} {a.stderr!r}")

@@ -18,11 +18,12 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+
+from overlayckpt.errors import FsError, UserError
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
-
-from overlayckpt.errors import FsError, UserError
 
 
 def _mount_args(p: argparse.ArgumentParser) -> None:
@@ -63,10 +64,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
         if only is not None and name != only:
-            return _Skipped()  # type: ignore[return-value]
+            return _Skipped()  # type: ignore[return-value]  # a stand-in parser that takes any call
         added.append(name)
         return real_add(name, parents=[common], **kw)
-    sub.add_parser = add_parser  # type: ignore[method-assign]
+    sub.add_parser = add_parser  # type: ignore[method-assign]  # builds only the command run
 
     m = sub.add_parser("mount", help="mount REPO (in place, or at MOUNTPOINT)")
     m.add_argument("repo")
@@ -183,7 +184,7 @@ FORK_COMMANDS = ("fork", "run-forks")  # (run-forks: run --fork N)
 def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
     if command in DAEMON_COMMANDS:
         from overlayckpt.cli import daemon
-        return getattr(daemon, "cmd_" + command)  # type: ignore[no-any-return]
+        return getattr(daemon, "cmd_" + command)
     if command == "stats":
         from overlayckpt.cli.stats import cmd_stats
         return cmd_stats
@@ -196,13 +197,13 @@ def handler_of(command: str) -> Callable[[argparse.Namespace], int]:
         return cmd_bench
     if command in FORK_COMMANDS:
         from overlayckpt.cli import fork
-        return getattr(fork, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
+        return getattr(fork, "cmd_" + command.replace("-", "_"))
     if command in SESSION_COMMANDS:
         from overlayckpt.cli import sessions
-        return getattr(sessions, "cmd_" + command)  # type: ignore[no-any-return]
+        return getattr(sessions, "cmd_" + command)
     if command in HOOK_COMMANDS:
         from overlayckpt.cli import hooks
-        return getattr(hooks, "cmd_" + command.replace("-", "_"))  # type: ignore[no-any-return]
+        return getattr(hooks, "cmd_" + command.replace("-", "_"))
     from overlayckpt.cli import timeline as cli_timeline
     return cli_timeline.HANDLERS[command]
 

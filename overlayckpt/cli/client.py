@@ -5,11 +5,12 @@ import errno
 import json
 import os
 import time
+
+from overlayckpt.errors import PartlyDone, UserError
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
-
-from overlayckpt.errors import PartlyDone, UserError
 
 DAEMON_EXIT_WAIT = 10.0  # seconds a daemon whose mount is gone may take to close its store
 
@@ -48,7 +49,7 @@ class Connection:
             raise UserError(f"cannot reach the daemon at {mountpoint}: {e.strerror}") from None
         self.offset = 0  # replies are a stream on the handle, like a socket's
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -65,7 +66,7 @@ class Connection:
             os.write(self.fd, (json.dumps(cmd) + "\n").encode())
         except OSError as e:  # a failed command: its reply says why (ENOSPC, EIO: the store)
             failed = e
-        chunks = []
+        chunks: list[bytes] = []
         while True:  # the reply is one line: stop at its end, without one more read
             # small first: the kernel pins every page of a direct-io read buffer, and
             # faulting in a fresh 1 MiB costs more than the command itself

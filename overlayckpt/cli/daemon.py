@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 from overlayckpt.cli import client
-from overlayckpt.errors import UserError
 from overlayckpt.cli.target import Target, emit, find_mount
-
+from overlayckpt.errors import UserError
 
 READY_TIMEOUT = 30.0
 
@@ -116,8 +115,7 @@ def resumed_session(repo: str, mountpoint: str, store: str) -> dict[str, Any] | 
 
 
 def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
-    from overlayckpt.store.places import (check_store_dir, make_dirs, open_private, remove_store,
-                                          secure)
+    from overlayckpt.store.places import check_store_dir, make_dirs, open_private, remove_store, secure
     check_store_dir(store)
     created = not os.path.exists(store)
     try:
@@ -312,6 +310,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """Copy what can be read out of a damaged store, in a child process (reading damaged
     pages through LMDB may crash it), then swap the copy in and keep the damaged one."""
     import fcntl
+
     from overlayckpt.core.maintenance import fsck
     from overlayckpt.store.lmdbstore import Store
     from overlayckpt.store.places import secure

@@ -12,9 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 from overlayckpt.errors import UserError
-
 
 CHUNK = 50  # checkpoints per export call from the CLI: progress granularity
 # -- command line -------------------------------------------------------------------

@@ -22,8 +22,6 @@ from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.store.places import STORE_FILES, check_store_dir, is_store, remove_store
 
 
-
-
 def numbered(repo: str) -> list[tuple[int, str]]:
     """The repo's sessions in the data directory, (id, store), oldest first."""
     base = default_store_dir(repo)
@@ -173,11 +171,11 @@ def describe(n: int, store: str, default: bool) -> dict[str, Any]:
             **summary}
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
+        n /= 1000
     return ""
 
 

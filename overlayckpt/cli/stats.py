@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any
@@ -76,11 +77,11 @@ def _us(value: float | None) -> str:
     return f"{value:,.1f} µs" if value < 100 else f"{value:,.0f} µs"
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return ""
 
 

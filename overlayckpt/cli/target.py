@@ -7,13 +7,13 @@ import json
 import os
 import sys
 from collections.abc import Callable
-TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
-if TYPE_CHECKING:
-    from typing import Any
 
 from overlayckpt.cli import client
 from overlayckpt.errors import UserError
 
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 # -- finding the session ----------------------------------------------------
 

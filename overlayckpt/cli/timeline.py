@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
     from typing import Any

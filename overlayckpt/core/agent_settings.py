@@ -13,7 +13,6 @@ from typing import Any
 
 from overlayckpt.core.agents import AGENT_EVENTS, HOOK_MARK, MCP_ARGS, MCP_NAME, TOOL_EVENTS
 
-
 HOOK_PROGRAM = "overlayckpt-hook"
 
 

@@ -32,7 +32,8 @@ TRANSCRIPT_AGENTS = ("claude-code", "codex", "gemini", "qwen")  # whose transcri
 # then cut to what the conversation keeps)
 MAX_HOOK_LINE = MAX_EVENT + 1024
 # the events each agent's hook file may name (Codex refuses a file with one it lacks)
-AGENT_EVENTS = {"claude-code": EVENTS, "qwen": EVENTS, "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
+AGENT_EVENTS = {"claude-code": EVENTS, "qwen": EVENTS,
+                "codex": ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"),
                 "gemini": ("BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent"),
                 "cursor": ("beforeSubmitPrompt", "preToolUse", "postToolUse", "postToolUseFailure",
                            "afterAgentResponse")}
@@ -210,8 +211,9 @@ def open_conversation(mount: str | None, cwd: Any) -> int | None:
     before without following symlinks and without creating anything, and each must be
     on that mount's device."""
     mounts = our_mounts()
+    where: str | None
     if mount is not None:
-        where: str | None = os.path.abspath(mount)
+        where = os.path.abspath(mount)
         if where not in mounts:
             where = os.path.realpath(where)  # the user's own spelling of it
             if where not in mounts:

@@ -43,13 +43,23 @@ from typing import Any
 
 from overlayckpt.core import history
 from overlayckpt.core.context import Context
-from overlayckpt.errors import FsError, PartlyDone, UserError
-from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath, split
+from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
 from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
+from overlayckpt.errors import FsError, PartlyDone, UserError
 from overlayckpt.names import check_file_name, is_file_name, quote_path
 from overlayckpt.records import (
-    CONTROL_NAME, ROOT_INO, T_DIRENTS, T_NODES, WHITEOUT, Node, from_u64, lower_ino, pack_obj,
-    path_cut, path_key, unpack_obj,
+    CONTROL_NAME,
+    ROOT_INO,
+    T_DIRENTS,
+    T_NODES,
+    WHITEOUT,
+    Node,
+    from_u64,
+    lower_ino,
+    pack_obj,
+    path_cut,
+    path_key,
+    unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
@@ -118,7 +128,7 @@ def pin_lookup(store: Store) -> PinLookup | None:
                 while pos < end:
                     b = pos // bs
                     stop = min(end, (b + 1) * bs)
-                    data = store.read(lambda r: r.block(blocks[b]))
+                    data = store.read(lambda r: r.block(blocks[b]))  # noqa: B023  (called at once)
                     out.append(data[pos - b * bs:stop - b * bs])
                     pos = stop
                 return b"".join(out)
@@ -181,7 +191,7 @@ class Applier:
                 for off in range(0, st.st_size, bs):
                     data = f.pread(bs, off)
                     data += bytes(bs - len(data))
-                    blocks.append(store.write(lambda w, d=data: w.put_block(d)))
+                    blocks.append(store.write(lambda w: w.put_block(data)))  # noqa: B023  (called at once)
                 rec["blocks"] = blocks
             finally:
                 f.close()
@@ -724,7 +734,7 @@ class _LiveState:
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.store.read(lambda r: r.get(table, key))
 
-    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return iter(self.store.read(lambda r: list(r.prefix(table, prefix))))
 
     def block(self, digest: bytes) -> bytes:

@@ -139,7 +139,7 @@ def merge_file(path: str, base: Side, theirs: Side, ours: Side, cid: int) -> tup
     if not (_is_file(base) and _is_file(theirs) and _is_file(ours)):
         return ours, [f"{path}: checkpoint {cid} changed it from {_what(theirs)} to {_what(base)}, "
                       f"and it is {_what(ours)} now"]
-    (bm, bd), (tm, td), (om, od) = base, theirs, ours  # type: ignore[misc]
+    (bm, bd), (tm, td), (om, od) = base, theirs, ours  # type: ignore[misc]  # each a pair here: None is handled above
     report = []
     if om != bm and tm != bm and om != tm:
         report.append(f"{path}: checkpoint {cid} changed its mode from {stat.S_IMODE(tm):o} to "
@@ -299,7 +299,7 @@ def _put(b: Batch, m: Mutation, then: State, path: str, result: tuple[int, bytes
     ino = _lookup(b, m, parent, name)
     node = b.node(m, ino) if ino is not None else None
     if node is not None and (not node.is_reg or not stat.S_ISREG(mode)):
-        if node.is_dir and not b.is_empty_dir(m, ino):  # type: ignore[arg-type]
+        if node.is_dir and not b.is_empty_dir(m, ino):  # type: ignore[arg-type]  # node is set: so is ino
             raise UserError(f"backing out makes {path} a file again, and it is a directory with "
                             "files in it now; nothing was changed")
         b.remove(caller, parent, name, node.is_dir)
@@ -314,16 +314,16 @@ def _put(b: Batch, m: Mutation, then: State, path: str, result: tuple[int, bytes
         ino, node = b.create(caller, parent, name, mode, uid, gid)
         old = b""
     else:
-        old = b.read_all(m, ino, node)  # type: ignore[arg-type]
+        old = b.read_all(m, ino, node)  # type: ignore[arg-type]  # node is set: so is ino
     keep, bs = 0, b.bs  # the blocks both begin with stay as they are
     while keep + bs <= min(len(old), len(data)) and old[keep:keep + bs] == data[keep:keep + bs]:
         keep += bs
     if len(data) != len(old):
-        b.setattr(caller, ino, size=len(data))  # type: ignore[arg-type]
+        b.setattr(caller, ino, size=len(data))  # type: ignore[arg-type]  # ino is set by now
     if data[keep:] != old[keep:]:
-        b.write(caller, ino, keep, data[keep:])  # type: ignore[arg-type]
+        b.write(caller, ino, keep, data[keep:])  # type: ignore[arg-type]  # ino is set by now
     if stat.S_IMODE(node.mode) != stat.S_IMODE(mode):
-        b.setattr(caller, ino, mode=mode)  # type: ignore[arg-type]
+        b.setattr(caller, ino, mode=mode)  # type: ignore[arg-type]  # ino is set by now
 
 
 def _write(tl: Timeline, w: WriteTxn, plan: Plan, caller: Caller, paths: list[str] | None,

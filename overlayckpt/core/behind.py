@@ -21,10 +21,10 @@ import os
 import stat
 import struct
 
-from overlayckpt.errors import FsError
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.lower import join
 from overlayckpt.core.overlay import Overlay
+from overlayckpt.errors import FsError
 from overlayckpt.records import FIRST_UPPER_INO
 from overlayckpt.store.lmdbstore import Store
 from overlayckpt.tables import META, WRITE_BEHIND_KEY
@@ -82,7 +82,7 @@ def discard(store_dir: str) -> None:
     log.warning("discarded the write-behind log of a daemon whose page cache is gone")
 
 
-def _records(ring: bytes, seq: int, offset: int) -> list[tuple[int, int, int, int, int, bytes]]:
+def _records(ring: bytes | mmap.mmap, seq: int, offset: int) -> list[tuple[int, int, int, int, int, bytes]]:
     """The records from (seq, offset) on: (seq, next offset, ino, off, pid, data)."""
     out = []
     for _ in range(len(ring) // HEADER.size):
@@ -111,11 +111,11 @@ def recover(overlay: Overlay, store_dir: str) -> int:
         if size < HEADER.size:
             return 0
         with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as ring:
-            records = _records(ring, *position(overlay.store))  # type: ignore[arg-type]
+            records = _records(ring, *position(overlay.store))
     learned = False
     for seq, next_offset, ino, off, pid, data in records:
         done = pack_position(seq, next_offset)
-        for attempt in range(2):
+        for _attempt in range(2):
             try:
                 overlay.write(Caller(pid, "recovered"), ino, off, data, logged=done)
                 break

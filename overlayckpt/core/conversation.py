@@ -13,13 +13,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from overlayckpt.errors import UserError
 from overlayckpt.core.agents import MAX_HOOK_LINE, hook_line
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
+from overlayckpt.errors import UserError
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
-
 
 MAX_LINE = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
@@ -51,7 +50,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
         raise UserError(f"conversation line longer than {MAX_LINE} bytes")
     if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
         raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
-    return _whole_text(obj)  # type: ignore[no-any-return]
+    return _whole_text(obj)
 
 
 def _whole_text(value: Any) -> Any:
@@ -117,9 +116,9 @@ def chain(r: ReadTxn, head: int) -> list[tuple[int, dict[str, Any]]]:
             break
         entry = unpack_obj(raw)
         out.append((key, entry))
-        key = entry["_prev"]  # type: ignore[index]
+        key = entry["_prev"]
     out.reverse()
-    return out  # type: ignore[return-value]
+    return out
 
 
 def live_lines(r: ReadTxn, head: int | None = None) -> list[dict[str, Any]]:
@@ -130,7 +129,7 @@ def live_lines(r: ReadTxn, head: int | None = None) -> list[dict[str, Any]]:
 
 def all_lines(r: ReadTxn) -> list[dict[str, Any]]:
     live = {k for k, _ in chain(r, r.meta_int(CONV_HEAD_KEY, 0))}
-    return [_public(from_u64(k), unpack_obj(v), from_u64(k) in live)  # type: ignore[arg-type]
+    return [_public(from_u64(k), unpack_obj(v), from_u64(k) in live)
             for k, v in r.range_from(CONV)]
 
 
@@ -155,8 +154,8 @@ def live_text_after(store: Store, known: tuple[int, bytes] | None) -> tuple[int,
             if raw is None:
                 break
             entry = unpack_obj(raw)
-            new.append((key, entry))  # type: ignore[arg-type]
-            key = entry["_prev"]  # type: ignore[index, assignment]
+            new.append((key, entry))
+            key = entry["_prev"]
         base = known[1] if known is not None and key == known[0] else b""
         new.reverse()
         return head, base + "".join(json.dumps(_public(k, e)) + "\n" for k, e in new).encode()
@@ -208,7 +207,7 @@ def _back_from(r: ReadTxn, head: int) -> Iterator[dict[str, Any]]:
         raw = r.get(CONV, u64(key))
         if raw is None:
             return
-        entry: dict[str, Any] = unpack_obj(raw)  # type: ignore[assignment]
+        entry: dict[str, Any] = unpack_obj(raw)
         yield entry
         key = entry["_prev"]
 
@@ -223,15 +222,15 @@ def _last_word_after(r: ReadTxn, head: int, start_seq: int, seq: int) -> str | N
     tip = head
     for k, v in r.range_from(CONV, u64(head + 1)):
         entry = unpack_obj(v)
-        if entry["_seq"] > seq:  # type: ignore[index, operator]
+        if entry["_seq"] > seq:
             break  # keys and seqs grow together: no later line is earlier
-        if entry["_seq"] <= start_seq:  # type: ignore[index, operator]
+        if entry["_seq"] <= start_seq:
             continue  # logged before this group's first change: another branch's
-        if entry["_prev"] != tip:  # type: ignore[index]
+        if entry["_prev"] != tip:
             continue  # another branch
         tip = from_u64(k)
-        if entry.get("event") == "Stop":  # type: ignore[union-attr]
-            word = _first_line(entry.get("content"))[:120] or None  # type: ignore[union-attr]
+        if entry.get("event") == "Stop":
+            word = _first_line(entry.get("content"))[:120] or None
     return word
 
 

@@ -30,8 +30,21 @@ from overlayckpt.errors import UserError
 from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
 from overlayckpt.tables import (
-    BMAP, CKPTS, CONV, CONV_HEAD_KEY, CONV_NEXT_KEY, DIRENTS, FORK_KEY, META, NEXT_INO_KEY, NODES,
-    PARENT_KEY, PINNED, REPO_KEY, SEEN, XATTRS,
+    BMAP,
+    CKPTS,
+    CONV,
+    CONV_HEAD_KEY,
+    CONV_NEXT_KEY,
+    DIRENTS,
+    FORK_KEY,
+    META,
+    NEXT_INO_KEY,
+    NODES,
+    PARENT_KEY,
+    PINNED,
+    REPO_KEY,
+    SEEN,
+    XATTRS,
 )
 
 LIVE_TABLES = (NODES, DIRENTS, BMAP, XATTRS)

@@ -19,11 +19,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from overlayckpt.core import history
+from overlayckpt.core.groups import open_group_spans
 from overlayckpt.records import (
-    Checkpoint, JournalRecord, from_u64, pack_obj, path_cut, path_key, u64, unpack_obj,
+    Checkpoint,
+    JournalRecord,
+    from_u64,
+    pack_obj,
+    path_cut,
+    path_key,
+    u64,
+    unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
-from overlayckpt.core.groups import open_group_spans
 from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
 GONE = "gone"

@@ -22,8 +22,8 @@ def open_groups(r: ReadTxn) -> tuple[int, list[list[Any]]]:
         return 0, []
     value = unpack_obj(raw)
     if isinstance(value, dict):
-        return value["b"], value["g"]  # type: ignore[no-any-return]
-    start, pid, last, *head = value  # type: ignore[misc]  # (one group, as stores kept it before)
+        return value["b"], value["g"]
+    start, pid, last, *head = value  # (one group, as stores kept it before)
     return start, [[start, pid, last, head[0] if head else None, []]]
 
 

@@ -36,7 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile
 
 from overlayckpt.records import (
-    FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, JournalRecord, from_u64, u64,
+    FIRST_UPPER_INO,
+    FIRST_UPPER_KEY,
+    TABLE_NAMES,
+    Checkpoint,
+    JournalRecord,
+    from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import CHANGED, CKPTS, HISTORY_BORN, HISTORY_KEY, JOURNAL, META, VERSIONS
@@ -183,7 +189,7 @@ def _add_born(w: WriteTxn) -> None:
         vk = k[8:]
         oldest = w.seek(VERSIONS, vk)
         born = oldest is not None and oldest[0][:-8] == vk and oldest[1][:1] == _ABSENT
-        entries.append((_ck(k[:8], vk), oldest[0][-8:] if born else b""))  # type: ignore[index]
+        entries.append((_ck(k[:8], vk), oldest[0][-8:] if born else b""))  # type: ignore[index]  # born: oldest is set
     w.clear(CHANGED)
     w.put_many(CHANGED, sorted(entries))
     w.set_meta_int(HISTORY_KEY, HISTORY_BORN)
@@ -361,7 +367,7 @@ def value_then(r: ReadTxn, code: int, key: bytes, seq: int, token: bytes = b"") 
     at = u64(seq)
     if born_since(token, at):
         return None
-    return _untag(r.seek(VERSIONS, vkey(code, key) + at)[1])  # type: ignore[index]
+    return _untag(r.seek(VERSIONS, vkey(code, key) + at)[1])  # type: ignore[index]  # not born since: a version is there
 
 
 def values_since(r: ReadTxn, seq: int) -> Iterator[tuple[int, bytes, bytes | None, bytes]]:

@@ -18,16 +18,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from overlayckpt.core import groupfiles, history
-from overlayckpt.core.groups import open_groups as _open_groups, put_groups as _put_groups
+from overlayckpt.core.groups import open_groups as _open_groups
+from overlayckpt.core.groups import put_groups as _put_groups
 from overlayckpt.records import (
-    FIRST_UPPER_INO, Checkpoint, JournalRecord, from_u64, u64,
+    FIRST_UPPER_INO,
+    Checkpoint,
+    JournalRecord,
+    from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    CKPTS, CONV_HEAD_KEY, JOURNAL, META, NAMES, NEXT_CKPT_KEY, NEXT_INO_KEY, SEQ_KEY,
+    CKPTS,
+    CONV_HEAD_KEY,
+    JOURNAL,
+    META,
+    NAMES,
+    NEXT_CKPT_KEY,
+    NEXT_INO_KEY,
+    SEQ_KEY,
 )
-
-
 
 CALL_KEY = b"tool_call"  # in META while an agent's tool call runs (see hold_for_call)
 

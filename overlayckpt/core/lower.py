@@ -96,8 +96,11 @@ class PinStat:
         self.st_rdev = st_rdev
 
     @classmethod
-    def fields(cls, st: "os.stat_result | PinStat") -> list[int]:
+    def fields(cls, st: os.stat_result | PinStat) -> list[int]:
         return [getattr(st, name) for name in cls.__slots__]
+
+
+Stat = os.stat_result | PinStat  # what Lower answers a stat with
 
 
 def slim(st: os.stat_result) -> PinStat:
@@ -110,7 +113,7 @@ class Pin:
 
     __slots__ = ("st", "entries", "read", "target", "xattrs")
 
-    def __init__(self, st: "os.stat_result | PinStat", entries: set[bytes] | None,
+    def __init__(self, st: os.stat_result | PinStat, entries: set[bytes] | None,
                  read: Callable[[int, int], bytes] | None, target: bytes | None,
                  xattrs: dict[bytes, bytes]) -> None:
         self.st, self.entries, self.read, self.target, self.xattrs = st, entries, read, target, xattrs
@@ -176,7 +179,7 @@ class Lower:
     def _pin(self, path: bytes) -> Pin | None:
         return self.pins(path) if self.pins is not None else None
 
-    def stat(self, path: bytes, siblings: bool = True) -> "os.stat_result | PinStat":
+    def stat(self, path: bytes, siblings: bool = True) -> os.stat_result | PinStat:
         """lstat of a repo path; the second name in a directory lists (and stats) all of
         it, unless siblings is False (a lookup that will not be followed by its neighbours)."""
         pin = self._pin(path)
@@ -260,7 +263,7 @@ class Lower:
                 stats[prefix + name] = st
         return cached
 
-    def _listdir(self, path: bytes) -> list[tuple[bytes, os.stat_result]]:
+    def _listdir(self, path: bytes) -> list[tuple[bytes, Stat]]:
         pin = self._pin(path)
         if pin is not None:
             out = []
@@ -291,7 +294,7 @@ class Lower:
         finally:
             os.close(fd)
 
-    def open_file(self, path: bytes) -> "LowerFile":
+    def open_file(self, path: bytes) -> LowerFile:
         pin = self._pin(path)
         if pin is not None and pin.read is not None:
             return LowerFile(-1, pin.read)

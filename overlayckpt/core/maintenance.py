@@ -21,18 +21,42 @@ import trio
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import records
 from overlayckpt.core.sweep import children_of, in_tree, named_of, sweep
+from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    T_BMAP, WHITEOUT, ZERO_BLOCK, Checkpoint, JournalRecord, block_size_problem, from_u64, u64,
+    T_BMAP,
+    WHITEOUT,
+    ZERO_BLOCK,
+    Checkpoint,
+    JournalRecord,
+    block_size_problem,
+    from_u64,
+    u64,
     unpack_obj,
 )
-from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
 from overlayckpt.store.lmdbstore import (
-    ReadTxn, Store, WriteTxn, forks_of, parent_block, parent_of, store_at,
+    ReadTxn,
+    Store,
+    WriteTxn,
+    forks_of,
+    parent_block,
+    parent_of,
+    store_at,
 )
 from overlayckpt.tables import (
-    BLOCKS, BLOCK_BYTES_KEY, BMAP, CKPTS, DERIVED_KEYS, DIRENTS, GROUPFILES, JOURNAL, META, NAMES,
-    NODES, PINNED, SEQ_KEY,
+    BLOCK_BYTES_KEY,
+    BLOCKS,
+    BMAP,
+    CKPTS,
+    DERIVED_KEYS,
+    DIRENTS,
+    GROUPFILES,
+    JOURNAL,
+    META,
+    NAMES,
+    NODES,
+    PINNED,
+    SEQ_KEY,
 )
 
 
@@ -263,7 +287,7 @@ def thin_plan(r: ReadTxn, budget: int) -> list[Merge]:
     for lo, drops in sorted(inside.items()):
         i = bisect.bisect_right(kept_seqs, lo)
         hi = kept_seqs[i] if i < len(kept_seqs) else 1 << 62
-        start, ids = lo, []
+        start, ids = lo, list[int]()
         for c in sorted(drops, key=lambda c: c.seq):
             if c.seq - start >= THIN_SLICE:
                 slices.append(Merge(lo, c.seq, ids, moved(lo, c.seq)))
@@ -324,7 +348,7 @@ def apply_merge(w: WriteTxn, m: Merge, done: Merged) -> int:
         raw = w.get(CKPTS, u64(cid))
         if raw is not None:
             c = Checkpoint.unpack(cid, raw)
-            w.put(CKPTS, u64(cid), dataclasses.replace(c, start_seq=merged.seq).pack())  # type: ignore[union-attr]
+            w.put(CKPTS, u64(cid), dataclasses.replace(c, start_seq=merged.seq).pack())  # type: ignore[union-attr]  # m.moved is () when merged is None
     return gone
 
 
@@ -333,8 +357,8 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
     the calling (writer's) thread, so the requests of a mount are served in between."""
     thinned = 0
     for m in await read_off_loop(store, lambda r: thin_plan(r, budget)):
-        done = await read_off_loop(store, lambda r, m=m: merge_slice(r, m))
-        thinned += store.write(lambda w, m=m, done=done: apply_merge(w, m, done))
+        done = await read_off_loop(store, lambda r: merge_slice(r, m))  # noqa: B023  (awaited here)
+        thinned += store.write(lambda w: apply_merge(w, m, done))  # noqa: B023  (called at once)
         await trio.sleep(0)
     result: dict[str, Any] = {"thinned": thinned}
     if thinned or then_gc:

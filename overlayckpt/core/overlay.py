@@ -14,23 +14,39 @@ from __future__ import annotations
 
 import errno
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import trio
 
-from overlayckpt.errors import FsError
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.seen import seen_key, seen_record, seen_value
+from overlayckpt.core.tree import Tree
+from overlayckpt.errors import FsError
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, FIRST_UPPER_INO, NAME_MAX, ROOT_INO, T_BMAP, T_DIRENTS,
-    T_NODES, T_XATTRS, TABLE_NAMES, WHITEOUT, ZERO_BLOCK, Node, bmap_key,
-    dirent_key, from_u64, u64, xattr_key,
+    CONTROL_NAME,
+    F_OPAQUE,
+    F_XATTRS_OWN,
+    FIRST_UPPER_INO,
+    NAME_MAX,
+    ROOT_INO,
+    T_BMAP,
+    T_DIRENTS,
+    T_NODES,
+    T_XATTRS,
+    TABLE_NAMES,
+    WHITEOUT,
+    ZERO_BLOCK,
+    Node,
+    bmap_key,
+    dirent_key,
+    from_u64,
+    u64,
+    xattr_key,
 )
 from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
-from overlayckpt.core.tree import Tree
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")
@@ -54,7 +70,7 @@ class Mutation:
     def get(self, table: bytes, key: bytes) -> bytes | None:
         return self.w.get(table, key)
 
-    def prefix(self, table: bytes, prefix: bytes):  # type: ignore[no-untyped-def]
+    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.w.prefix(table, prefix)
 
     def block(self, digest: bytes) -> bytes:
@@ -132,12 +148,12 @@ class Overlay(Tree):
 
     def live(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state (through a read transaction)."""
-        return self.store.read(fn)  # type: ignore[arg-type]
+        return self.store.read(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
 
     def peek(self, fn: Callable[[Mutation], T]) -> T:
         """Read the live state but for the writes deferred (write_later): for a read that
         touches no inode they write, which the caller checks (Store.deferring)."""
-        return self.store.peek(fn)  # type: ignore[arg-type]
+        return self.store.peek(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
 
     def _own(self, m: Mutation, ino: int) -> Node:
         """The node record of ino, created from the lower entry if it has none yet."""

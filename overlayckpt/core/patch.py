@@ -117,9 +117,9 @@ def _matching_blocks(a: list[bytes], b: list[bytes]) -> list[_Block]:
     while todo:
         item = todo.pop()
         if len(item) == 3:
-            blocks.append(item)  # type: ignore[arg-type]
+            blocks.append(item)
             continue
-        alo, ahi, blo, bhi = item  # type: ignore[misc]
+        alo, ahi, blo, bhi = item
         head = 0
         while alo + head < ahi and blo + head < bhi and a[alo + head] == b[blo + head]:
             head += 1
@@ -169,8 +169,8 @@ def _opcodes(a: list[bytes], b: list[bytes]) -> list[tuple[str, int, int, int, i
 def _matcher(a: list[bytes], b: list[bytes]) -> difflib.SequenceMatcher[bytes]:
     """A SequenceMatcher whose opcodes come from _opcodes (for get_grouped_opcodes)."""
     sm: difflib.SequenceMatcher[bytes] = difflib.SequenceMatcher(None, [], [], autojunk=False)
-    sm.a, sm.b = a, b
-    sm.opcodes = _opcodes(a, b)  # type: ignore[attr-defined]
+    sm.a, sm.b = a, b  # type: ignore[attr-defined]  # typeshed leaves out SequenceMatcher.a and .b
+    sm.opcodes = _opcodes(a, b)  # type: ignore[attr-defined]  # typeshed leaves out .opcodes
     return sm
 
 

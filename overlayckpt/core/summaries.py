@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from overlayckpt.core.conversation import summary_before
-from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core import groupfiles
+from overlayckpt.core.conversation import summary_before
 from overlayckpt.core.groupfiles import is_internal
+from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, iso_time, u64

@@ -21,7 +21,14 @@ import trio
 from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.records import (
-    FIRST_UPPER_KEY, TABLE_NAMES, T_BMAP, T_DIRENTS, T_NODES, T_XATTRS, WHITEOUT, Node,
+    FIRST_UPPER_KEY,
+    T_BMAP,
+    T_DIRENTS,
+    T_NODES,
+    T_XATTRS,
+    TABLE_NAMES,
+    WHITEOUT,
+    Node,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
 from overlayckpt.tables import DIRENTS, NODES
@@ -111,10 +118,10 @@ async def sweep(store: Store) -> dict[str, Any]:
         part, last = order[lo:lo + SLICE_INODES], lo + SLICE_INODES >= len(order)
 
         def fn(w: WriteTxn, part: list[bytes] = part, last: bool = last) -> tuple[int, int] | None:
-            if next_seq(w) != seq:
+            if next_seq(w) != seq:  # noqa: B023  (fn is called at once)
                 return None  # something changed since the scan: the next gc looks again
             done = _delete(w, part)
-            if last and keys + done:
+            if last and keys + done:  # noqa: B023
                 close_open_group(w)
             return done, next_seq(w)
         result = store.write(fn)

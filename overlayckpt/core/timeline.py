@@ -25,22 +25,42 @@ from typing import Any, TypeVar
 import trio
 
 from overlayckpt.core import groupfiles, history
-from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
+from overlayckpt.core.history import AtCheckpoint
+from overlayckpt.core.journal import (
+    Caller,
+    append_closed,
+    close_open_group,
+    new_checkpoint,
+    next_seq,
+    records,
+)
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
-from overlayckpt.core.journal import (
-    Caller, append_closed, close_open_group, new_checkpoint, next_seq, records,
-)
 from overlayckpt.records import (
-    FIRST_UPPER_INO, FIRST_UPPER_KEY, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord,
-    Node, from_u64, u64,
+    FIRST_UPPER_INO,
+    FIRST_UPPER_KEY,
+    ROOT_INO,
+    TABLE_NAMES,
+    WHITEOUT,
+    Checkpoint,
+    JournalRecord,
+    Node,
+    from_u64,
+    u64,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    CKPTS, CONV_HEAD_KEY, DIRENTS, JOURNAL, META, NAMES, NODES, RESTORE_FILES_KEY,
+    CKPTS,
+    CONV_HEAD_KEY,
+    DIRENTS,
+    JOURNAL,
+    META,
+    NAMES,
+    NODES,
+    RESTORE_FILES_KEY,
 )
 
 log = logging.getLogger(__name__)
@@ -103,7 +123,7 @@ def _differing(a: Callable[[bytes, bytes], bytes | None], b: Callable[[bytes, by
     return out, one_sided
 
 
-def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
+def _fill_files(w: WriteTxn, lo: int, files: list[FileChange] | None) -> None:
     """Write a restore's file list into its records (shared out: each stays small), if
     they are still the ones left without it."""
     mark = RESTORE_FILES_KEY + u64(lo)
@@ -118,7 +138,7 @@ def _fill_files(w: WriteTxn, lo: int, files: "list[FileChange] | None") -> None:
         mine = files[i * len(files) // len(recs):(i + 1) * len(files) // len(recs)]
         if mine:
             paths, changes = tuple(f.path for f in mine), tuple(f.change for f in mine)
-            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]
+            raw = JournalRecord.with_files(w.get(JOURNAL, u64(rec.seq)),  # type: ignore[arg-type]  # the record being listed is there
                                            paths, changes)
             w.put(JOURNAL, u64(rec.seq), raw)
             groupfiles.record(w, lo, paths, changes)  # (the restore's group begins at lo)
@@ -233,7 +253,7 @@ class _Replaced:
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         found = self.values.get((table, key), self)
-        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]
+        return self.base.get(table, key) if found is self else found  # type: ignore[return-value]  # self is the missing-key sentinel
 
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         mine = [k for k in self.by_ino.get((table, prefix[:8]), ()) if k.startswith(prefix)] \
@@ -320,7 +340,7 @@ class Timeline:
         # ASCII digits are an id; anything else is looked up as a name exactly as given
         # (so a name stored before the rule of names.py, "-1" say, still finds its own)
         cid = ref if isinstance(ref, int) else parse_id(ref)
-        if cid is None:
+        if cid is None and isinstance(ref, str):  # (an int is always an id)
             key = name_key(ref)
             raw = r.get(NAMES, key) if key is not None else None
             if raw is not None:
@@ -328,7 +348,7 @@ class Timeline:
         raw = r.get(CKPTS, u64(cid)) if cid is not None and 0 <= cid < 1 << 63 else None
         if raw is None:
             raise UserError(f"unknown checkpoint {shown(ref)}: 'overlayckpt log' lists them")
-        return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]
+        return Checkpoint.unpack(cid, raw)  # type: ignore[arg-type]  # raw found: cid is set
 
     # -- states ---------------------------------------------------------------
 
@@ -388,7 +408,7 @@ class Timeline:
         return {"id": ck.id, "restored": ck.restored_from, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings, "took_ms": took.ms}
 
-    def _write_restore(self, w: WriteTxn, prep: "Prepared", caller: Caller,
+    def _write_restore(self, w: WriteTxn, prep: Prepared, caller: Caller,
                        paths: list[str] | None, what: str,
                        changed: list[tuple[bytes, bytes, bool]]) -> Checkpoint:
         """The restore's transaction: prep plus what was written since its snapshot. Every
@@ -443,7 +463,7 @@ class Timeline:
         return ck
 
     def _prepare(self, r: ReadTxn, target: Checkpoint, paths: list[str] | None,
-                 code: bool) -> "Prepared":
+                 code: bool) -> Prepared:
         """What a restore to target writes: the keys whose value then differs from now."""
         warnings: list[str] = []
         rows: Rows = {}
@@ -452,7 +472,7 @@ class Timeline:
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}
-            delta, warnings = self._select(r, target, delta, paths)  # type: ignore[arg-type]
+            delta, warnings = self._select(r, target, delta, paths)  # type: ignore[arg-type]  # V is the delta's value type
             for (table, key), (value, last) in delta.items():
                 current = r.get(table, key)
                 if current != value:
@@ -473,7 +493,7 @@ class Timeline:
             if found is None:
                 return done
             seq, files = found
-            self.store.write(lambda w: _fill_files(w, seq, files))
+            self.store.write(lambda w: _fill_files(w, seq, files))  # noqa: B023  (called at once)
             done += files is not None
 
     async def complete_restores_later(self) -> None:
@@ -489,7 +509,7 @@ class Timeline:
                 if _listing.get(id(self.store)) is scope:
                     del _listing[id(self.store)]
 
-    def _restore_files(self, r: ReadTxn) -> "tuple[int, list[FileChange] | None] | None":
+    def _restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
         """The oldest restore left without its file list, and that list (None: thinning
         merged its records with others, which list none of its files)."""
         hit = r.seek(META, RESTORE_FILES_KEY)
@@ -555,8 +575,8 @@ class Timeline:
                 ino_now = self._lookup_or_none(r, parent_now, name)
                 if ino_then is None and ino_now is None:
                     raise UserError(f"{path} exists neither at checkpoint {target.id} nor now")
-                for parent in {parent_then, parent_now} - {None}:
-                    keep.add((DIRENTS, u64(parent) + name))  # type: ignore[operator]
+                for parent in {p for p in (parent_then, parent_now) if p is not None}:
+                    keep.add((DIRENTS, u64(parent) + name))
                 for ino in (ino_then, ino_now):
                     if ino is not None:
                         keep.add((NODES, u64(ino)))
@@ -728,7 +748,8 @@ class Timeline:
                   dirty_inos: set[int], dirty_dirs: set[int], out: list[FileChange],
                   content: bool, names: dict[int, set[bytes]] | None) -> None:
         if names is not None and ia is not None and ia == ib:  # only the names that can differ
-            ea, eb = {}, {}
+            ea: dict[bytes, tuple[int, Node | None]] = {}
+            eb: dict[bytes, tuple[int, Node | None]] = {}
             for name in names.get(ia, ()):
                 for state, entries in ((sa, ea), (sb, eb)):
                     child = self._lookup_or_none(state, ia, name, siblings=False)
@@ -748,9 +769,9 @@ class Timeline:
             if a and b and a[0] == b[0] and a[0] not in dirty_inos and a[0] not in dirty_dirs:
                 continue  # same inode, untouched in between: same content and subtree
             if a_dir or b_dir:
-                if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]
+                if a_dir and b_dir and a[0] == b[0] and a[0] not in dirty_dirs:  # type: ignore[index]  # a_dir, b_dir: a and b are set
                     continue
-                self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]
+                self._diff_dir(sa, sb, a[0] if a_dir else None, b[0] if b_dir else None,  # type: ignore[index]  # a_dir, b_dir: a and b are set
                                path + "/", dirty_inos, dirty_dirs, out, content, names)
             has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
             if not content:
@@ -758,8 +779,8 @@ class Timeline:
                     out.append(FileChange(path, "M" if has_a and has_b else "A" if has_b else "D",
                                           None, None))
                 continue
-            ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]
-            cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]
+            ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]  # has_a: a and na are set
+            cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]  # has_b: b and nb are set
             if ca == cb:
                 continue
             change = "A" if ca is None else "D" if cb is None else "M"

@@ -57,6 +57,7 @@ class Transcript:
 
     def __init__(self, path: Any, agent: str) -> None:
         import errno
+
         from overlayckpt.names import quote_path
         root = transcript_root(agent)
         shown = quote_path(path) if isinstance(path, str) else repr(path)
@@ -251,8 +252,8 @@ def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, 
     whose PreToolUse came after the last completion before this call's."""
     if not lines or lines[-1].get("event") not in TOOL_EVENTS:
         return None
-    starts = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
-    starts = [t for t in starts if t is not None]
+    stamps = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
+    starts = [t for t in stamps if t is not None]
     if not starts:
         return None
     at = starts[-1]
@@ -289,7 +290,7 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
     if point is not None:
         at, k = point
         since = max((t for t in done if t < at), default=float("-inf"))
-        for i, (line, entry) in enumerate(records):
+        for i, (_line, entry) in enumerate(records):
             batch = [c for c in calls(entry) if (_stamp(c.get("timestamp")) or since) > since]
             if not any((_stamp(c.get("timestamp")) or at) > at for c in batch):
                 continue

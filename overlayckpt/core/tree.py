@@ -15,13 +15,24 @@ import stat
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, overload
 
+from overlayckpt.core.lower import Lower, LowerFile, Stat, join, split
 from overlayckpt.errors import FsError, enoent
-from overlayckpt.core.lower import Lower, LowerFile, join, split
 from overlayckpt.records import (
-    CONTROL_NAME, F_OPAQUE, F_XATTRS_OWN, NAME_MAX, ROOT_INO, WHITEOUT, Node, bmap_key, dirent_key,
-    from_u64, lower_ino, u64, xattr_key,
+    CONTROL_NAME,
+    F_OPAQUE,
+    F_XATTRS_OWN,
+    NAME_MAX,
+    ROOT_INO,
+    WHITEOUT,
+    Node,
+    bmap_key,
+    dirent_key,
+    from_u64,
+    lower_ino,
+    u64,
+    xattr_key,
 )
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
@@ -32,7 +43,7 @@ class State(Protocol):
     def block(self, digest: bytes) -> bytes: ...
 
 
-def node_from_stat(st: os.stat_result, origin: bytes) -> Node:
+def node_from_stat(st: Stat, origin: bytes) -> Node:
     return Node(st.st_mode, st.st_uid, st.st_gid, st.st_size if not stat.S_ISDIR(st.st_mode) else 0,
                 st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_rdev,
                 origin, st.st_size if stat.S_ISREG(st.st_mode) else 0, 0, None)
@@ -84,7 +95,12 @@ class Parents:
         self._seen: dict[int, bytes] = {}
         self._lower = lower.at
 
-    def get(self, ino: int, default: "tuple[int, bytes] | None" = None) -> "tuple[int, bytes] | None":
+    @overload
+    def get(self, ino: int) -> tuple[int, bytes] | None: ...
+    @overload
+    def get(self, ino: int, default: tuple[int, bytes]) -> tuple[int, bytes]: ...
+
+    def get(self, ino: int, default: tuple[int, bytes] | None = None) -> tuple[int, bytes] | None:
         raw = self._seen.get(ino) or self._lower.get(ino)
         return default if raw is None else (from_u64(raw[:8]), raw[8:])
 
@@ -110,7 +126,7 @@ class Tree:
 
     # -- identity -------------------------------------------------------------
 
-    def ino_of_lower(self, st: os.stat_result, path: bytes) -> int:
+    def ino_of_lower(self, st: Stat, path: bytes) -> int:
         if not path:
             return ROOT_INO
         ino = lower_ino(st.st_ino)

@@ -29,23 +29,43 @@ from typing import Any
 import msgpack
 import zstandard
 
-from overlayckpt.errors import UserError
-from overlayckpt.records import (
-    CONTROL_INO_BASE, FIRST_UPPER_INO, FORMAT_VERSION, KEY_MAX, MAX_FILE_SIZE, PATH_MAX, ROOT_INO,
-    block_size_problem, iso_time,
-)
 from overlayckpt.core.maintenance import referenced_blocks
 from overlayckpt.core.validate import (
-    RECORD_MAX, finite_number, rel_path_problem, value_max,
+    RECORD_MAX,
+    finite_number,
+    rel_path_problem,
+    value_max,
+)
+from overlayckpt.errors import UserError
+from overlayckpt.export.identity import (
+    identities,
+    lower_files,
+    lower_identity,
+    lower_links,
+    seen_files,
+)
+from overlayckpt.records import (
+    CONTROL_INO_BASE,
+    FIRST_UPPER_INO,
+    FORMAT_VERSION,
+    KEY_MAX,
+    MAX_FILE_SIZE,
+    PATH_MAX,
+    ROOT_INO,
+    block_size_problem,
+    iso_time,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store, parent_block, parent_of
 from overlayckpt.tables import (
-    BLOCKS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY, FORMAT_KEY, META, PARENT_KEY, TABLES,
+    BLOCKS,
+    DERIVED_KEYS,
+    DERIVED_TABLES,
+    FORK_KEY,
+    FORMAT_KEY,
+    META,
+    PARENT_KEY,
+    TABLES,
 )
-from overlayckpt.export.identity import (
-    identities, lower_files, lower_identity, lower_links, seen_files,
-)
-
 
 BUNDLE_MAGIC = "overlayckpt-bundle"
 BUNDLE_VERSION = 1
@@ -332,6 +352,6 @@ def _int_in(v: Any, lo: int, hi: int) -> bool:
 
 def _trailer_ok(trailer: Any, tables: list[bytes]) -> bool:
     counts = trailer.get("counts") if isinstance(trailer, dict) else None
-    return (trailer.get("end") is True and isinstance(counts, dict)  # type: ignore[union-attr]
+    return (trailer.get("end") is True and isinstance(counts, dict)
             and all(isinstance(k, str) and k.encode() in tables and _int_in(v, 0, 1 << 62)
                     for k, v in counts.items()))

@@ -51,17 +51,24 @@ from typing import Any
 
 import trio
 
-from overlayckpt.errors import FsError, UserError
-from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
 from overlayckpt.core.context import Context
 from overlayckpt.core.summaries import checkpoint_entry
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.store.lmdbstore import ReadTxn
-from overlayckpt.tables import CONV
+from overlayckpt.errors import FsError, UserError
 from overlayckpt.export.git import Git, Stream, last_line, parse_trailers
 from overlayckpt.export.gitnames import (
-    one_line, person, cquote, git_mode, git_name_ok, git_path_ok, ref_name_ok, session_name,
+    cquote,
+    git_mode,
+    git_name_ok,
+    git_path_ok,
+    one_line,
+    person,
+    ref_name_ok,
+    session_name,
 )
+from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
+from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.tables import CONV
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +201,7 @@ class GitExport:
                 else:
                     await self._full_tree(git, r, stream, ck)
             else:
-                await self._changes(r, stream, prev, ck)  # type: ignore[arg-type]
+                await self._changes(r, stream, prev, ck)  # type: ignore[arg-type]  # after the first, prev is set
             stream.line(b"")
             prev = ck
             await trio.sleep(0)
@@ -212,7 +219,7 @@ class GitExport:
                 if c.old is not None and git_mode(c.old[0]) is not None:
                     stream.line(b"D " + path)  # deletions first: a file may become a directory
             else:
-                adds.append((new_mode, path, c.new[1]))  # type: ignore[index]
+                adds.append((new_mode, path, c.new[1]))  # type: ignore[index]  # not a deletion: c.new is set
         for mode, path, data in adds:
             stream.line(f"M {mode} inline ".encode() + path)
             stream.data(data)
@@ -254,11 +261,11 @@ class GitExport:
         if parent is not None:
             stream.line(b"from " + parent.encode())
             stream.line(b"deleteall")
-        for i, (path, mode, sha, ino, node) in enumerate(files):
+        for i, (quoted, mode, sha, ino, node) in enumerate(files):
             if sha in have:
-                stream.line(f"M {mode} {sha} ".encode() + path)
+                stream.line(f"M {mode} {sha} ".encode() + quoted)
             else:
-                stream.line(f"M {mode} inline ".encode() + path)
+                stream.line(f"M {mode} inline ".encode() + quoted)
                 stream.data(self._content(state, ino, node))
                 have.add(sha)  # the same content again: fast-import dedups, we save the read
             if i % _YIELD_EVERY == 0:
@@ -347,7 +354,7 @@ class GitExport:
             raw = r.get(CONV, u64(key))
             if raw is None:
                 break
-            line: dict[str, Any] = unpack_obj(raw)  # type: ignore[assignment]
+            line: dict[str, Any] = unpack_obj(raw)
             if len(lines) < CONV_LINES:
                 lines.append(line)
             else:

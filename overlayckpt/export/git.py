@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from typing import Any
 
 import trio
 
-from overlayckpt.errors import UserError
 from overlayckpt.core.context import Context
-
+from overlayckpt.errors import UserError
 
 # Environment variables that would point git at another repository or object store.
 _GIT_LOCATION_ENV = (
@@ -45,7 +45,7 @@ class Git:
         env.update(GIT_DIR=self.git_dir, GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
         self.env = env
 
-    async def run(self, *args: str, stdin: Any = b"", check: bool = True) -> "trio.CompletedProcess":  # type: ignore[name-defined]
+    async def run(self, *args: str, stdin: Any = b"", check: bool = True) -> subprocess.CompletedProcess[bytes]:
         argv = ["git", "--bare"]
         for c in _GIT_CONFIG:
             argv += ["-c", c]

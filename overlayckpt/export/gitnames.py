@@ -7,9 +7,6 @@ import os
 import re
 import stat
 
-
-
-
 # -- paths and modes ------------------------------------------------------------
 
 def git_name_ok(name: bytes) -> bool:

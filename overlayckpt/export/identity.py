@@ -12,11 +12,18 @@ from typing import Any
 import blake3
 
 from overlayckpt.core.apply import pinned_path, seen_fingerprint
+from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.core.seen import seen_path
 from overlayckpt.errors import FsError
-from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.records import (
-    FIRST_UPPER_INO, ROOT_INO, T_NODES, JournalRecord, Node, from_u64, lower_ino, unpack_obj,
+    FIRST_UPPER_INO,
+    ROOT_INO,
+    T_NODES,
+    JournalRecord,
+    Node,
+    from_u64,
+    lower_ino,
+    unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.tables import JOURNAL, NODES, PINNED, SEEN

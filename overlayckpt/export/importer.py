@@ -12,12 +12,11 @@ import blake3
 
 from overlayckpt.core.validate import lower_inos, record_problem
 from overlayckpt.errors import UserError
-from overlayckpt.store.info import default_store_dir, read_info, write_info
-from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.tables import TABLES, BLOCKS, BLOCK_SIZE_KEY, DERIVED_KEYS, FORMAT_KEY, META
 from overlayckpt.export.bundle import BundleReader, unlink_quietly
 from overlayckpt.export.remap import Remap, repo_remap
-
+from overlayckpt.store.info import default_store_dir, read_info, write_info
+from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.tables import BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, FORMAT_KEY, META, TABLES
 
 _KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, *DERIVED_KEYS)  # what a new, empty store holds in META
 
@@ -154,7 +153,11 @@ def _load(store: Store, bundle: BundleReader, remap: Remap | None = None) -> dic
         batch += [(META, key, value) for key, value in remap.meta_rows()]
     if batch:
         flush()
-    store.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at next open
+
+    def drop_derived(w: WriteTxn) -> None:
+        for key in DERIVED_KEYS:
+            w.delete(META, key)
+    store.write(drop_derived)  # rebuilt at next open
     expected = getattr(bundle, "trailer", {}).get("counts")
     if expected != counts:
         raise UserError(f"{bundle.path} is incomplete (expected {expected}, found {counts}): "

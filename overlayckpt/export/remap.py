@@ -8,17 +8,36 @@ import os
 import stat
 from typing import Any
 
-
 from overlayckpt.core.apply import seen_fingerprint
 from overlayckpt.errors import UserError
+from overlayckpt.export.identity import entry_identity, identities
 from overlayckpt.records import (
-    FIRST_UPPER_INO, LOWER_INO_ONE, ROOT_INO, TABLE_NAMES, WHITEOUT, Checkpoint, JournalRecord,
-    Node, from_u64, lower_ino, pack_obj, u64, unpack_obj,
+    FIRST_UPPER_INO,
+    LOWER_INO_ONE,
+    ROOT_INO,
+    TABLE_NAMES,
+    WHITEOUT,
+    Checkpoint,
+    JournalRecord,
+    Node,
+    from_u64,
+    lower_ino,
+    pack_obj,
+    u64,
+    unpack_obj,
 )
 from overlayckpt.tables import (
-    BMAP, CKPTS, DIRENTS, JOURNAL, META, NEXT_INO_KEY, NODES, PINNED, SEEN, XATTRS,
+    BMAP,
+    CKPTS,
+    DIRENTS,
+    JOURNAL,
+    META,
+    NEXT_INO_KEY,
+    NODES,
+    PINNED,
+    SEEN,
+    XATTRS,
 )
-from overlayckpt.export.identity import entry_identity, identities
 
 
 def check_repo(header: dict[str, Any], repo: str) -> None:

@@ -40,8 +40,8 @@ import trio
 
 from overlayckpt.core.agents import MAX_HOOK_LINE
 from overlayckpt.errors import FsError, Stopped, UserError
-from overlayckpt.names import shown
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
+from overlayckpt.names import shown
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,6 @@ class Session(Protocol):
 class Views(Protocol):
     """Read-only checkpoint views (see views.py)."""
 
-    def ids(self) -> list[tuple[bytes, int | None, bytes | None]]: ...
     async def lookup(self, parent: int, name: bytes) -> pyfuse3.EntryAttributes: ...
     async def getattr(self, ino: int) -> pyfuse3.EntryAttributes: ...
     async def listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]: ...
@@ -314,7 +313,7 @@ class ControlFs:
                 # (what a command that failed part way changed: PartlyDone's details)
                 self._reply(h, {**getattr(e, "details", {}), "ok": False, "error": str(e)})
                 store_failed = isinstance(e, FsError) and e.errno in (errno.ENOSPC, errno.EIO)
-                return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]
+                return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]  # store_failed: e is an FsError
             except Exception as e:  # a bad command must never take the daemon or the reply down
                 log.exception("control command failed: %r", line[:200])
                 self._reply(h, {"ok": False, "error": f"{shown(cmd.get('cmd'))} failed unexpectedly "

@@ -17,7 +17,6 @@ import os
 import sys
 from typing import Any
 
-
 from overlayckpt.core.latency import BUCKETS, Histogram
 from overlayckpt.records import CONTROL_INO_BASE
 
@@ -170,7 +169,7 @@ def request_logged() -> tuple[int, int] | None:
     and where the next record starts (behind.py); None for any other write."""
     if _request_seq is None or not _request_seq.value:
         return None
-    return _request_seq.value, _request_next.value  # type: ignore[union-attr]
+    return _request_seq.value, _request_next.value  # type: ignore[union-attr]  # bound together with _request_seq
 
 
 def request_arrival() -> int:

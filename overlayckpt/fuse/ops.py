@@ -22,14 +22,14 @@ import pyfuse3
 import trio
 
 from overlayckpt.core import behind
+from overlayckpt.core.context import Invalidate, no_invalidate
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.latency import Captures
+from overlayckpt.core.overlay import Overlay, keep_up, make_durable
+from overlayckpt.errors import FsError
 from overlayckpt.fuse import kcache
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
-from overlayckpt.errors import FsError
-from overlayckpt.core.journal import Caller
-from overlayckpt.core.context import Invalidate, no_invalidate
-from overlayckpt.core.latency import Captures
-from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def translate_errors(fn: F) -> F:
         except Exception:
             log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # wraps(fn): the same signature as fn
 
 
 @dataclass(slots=True)
@@ -586,7 +586,7 @@ class Operations(pyfuse3.Operations):
             self._storing_soon = False
             try:
                 self.ov.store.store_deferred()
-            except Exception:  # noqa: BLE001 - each write's own failure is handled; not this
+            except Exception:  # each write's own failure is handled; not this
                 log.exception("storing deferred writes failed")
 
     @translate_errors

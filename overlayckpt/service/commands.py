@@ -12,18 +12,18 @@ from typing import Any
 
 import trio
 
-from overlayckpt.errors import FsError, UserError
-from overlayckpt.core.journal import Caller
-from overlayckpt.core.overlay import make_durable
 from overlayckpt.core import groupfiles
 from overlayckpt.core.ignore import Ignored
-from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
+from overlayckpt.core.journal import Caller
+from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.patch import render, stat_lines
+from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command, reading
 from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import ReadTxn, Store
-from overlayckpt.core.timeline import Timeline
 
 
 def _caller() -> Caller:
@@ -183,8 +183,8 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
-    from overlayckpt.core.transcripts import resume_command
     from overlayckpt.core.conversation import live_lines
+    from overlayckpt.core.transcripts import resume_command
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:
@@ -338,8 +338,8 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.core.fork import forget_fork, make_fork, record_fork
     from overlayckpt.core.workers import off_loop
     from overlayckpt.records import iso_time
-    from overlayckpt.store.info import read_info, write_info
     from overlayckpt.service.paths import off_mount
+    from overlayckpt.store.info import read_info, write_info
     from overlayckpt.store.places import check_store_dir
     path = _opt_str(cmd, "store")
     if not path:
@@ -375,8 +375,8 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _unfork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     """Forget the fork at "store" (it was dropped): its blocks are this session's garbage."""
     from overlayckpt.core.fork import forget_fork
-    from overlayckpt.store.lmdbstore import drop_reader
     from overlayckpt.service.paths import off_mount
+    from overlayckpt.store.lmdbstore import drop_reader
     path = _opt_str(cmd, "store")
     if not path:
         raise UserError('unfork needs "store"')

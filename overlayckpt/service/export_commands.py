@@ -9,17 +9,16 @@ from typing import Any
 
 import trio
 
-from overlayckpt.errors import UserError
-from overlayckpt.service.paths import git_dir_off_mount, off_mount
-from overlayckpt.service.registry import command
-from overlayckpt.service.session import Session
 from overlayckpt.core.workers import off_loop
+from overlayckpt.errors import UserError
 from overlayckpt.export.bundle import write_bundle
 from overlayckpt.export.exporter import GitExport
 from overlayckpt.export.gitnames import session_name
+from overlayckpt.service.paths import git_dir_off_mount, off_mount
+from overlayckpt.service.registry import command
+from overlayckpt.service.session import Session
 
-
-_locks: "weakref.WeakKeyDictionary[Session, trio.Lock]" = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[Session, trio.Lock] = weakref.WeakKeyDictionary()
 
 
 @command("export_git", durable=True, reaches_out=True)

@@ -114,7 +114,7 @@ class Readers:
         else:
             self._drop(proc)
         if kind == "ok":
-            return value  # type: ignore[no-any-return]
+            return value
         if kind == "user":
             raise UserError(value)
         raise ReaderFailed(value)
@@ -130,7 +130,7 @@ class Readers:
         trio.lowlevel.spawn_system_task(proc.proc.wait)  # (reaped, never a zombie)
         self._all.discard(proc)
         for stream in (proc.proc.stdin, proc.proc.stdout):
-            stream.close()  # type: ignore[union-attr]  (FdStreams: a plain close)
+            stream.close()  # type: ignore[union-attr]  # both are FdStreams: a plain close
 
     def close(self) -> None:
         """Kill every reader (outside trio too: by pid, as the daemon exits)."""

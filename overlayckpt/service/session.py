@@ -22,12 +22,12 @@ from overlayckpt.core.latency import Captures, Histogram
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
+from overlayckpt.core.workers import off_loop
 from overlayckpt.errors import ReaderFailed, UserError
 from overlayckpt.names import shown
-from overlayckpt.core.workers import off_loop
-from overlayckpt.service.registry import COMMANDS, DURABLE, READINGS, REACHES_OUT, SYNC_SOON, command
-from overlayckpt.store.info import read_info, write_info
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
+from overlayckpt.service.registry import COMMANDS, DURABLE, REACHES_OUT, READINGS, SYNC_SOON, command
+from overlayckpt.store.info import read_info, write_info
 from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
 from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
@@ -105,7 +105,7 @@ class Session:
              warm: Callable[[int], bool] | None = None,
              kernel_status: StatusExtra = no_kernel_status, sandboxed: bool = False,
              request_stats: RequestStats = no_request_stats,
-             captures: Captures | None = None) -> "Session":
+             captures: Captures | None = None) -> Session:
         """Open (or create) the session in store_dir; the mount passes its kernel hooks,
         the read-ahead of the repo (warm), its kernel status and what stats reports of its
         requests (request_stats, and captures: where its adapter records capture times),
@@ -154,7 +154,7 @@ class Session:
                    sandboxed=sandboxed, request_stats=request_stats, captures=captures)
 
     @classmethod
-    def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> "Session":
+    def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> Session:
         """The session as a reader process sees it beside its daemon: read-only."""
         from overlayckpt.core.apply import pin_lookup
         store = ReaderStore(store_dir)
@@ -168,7 +168,7 @@ class Session:
         if self.readers is not None:
             self.store.store_deferred()  # (another process reads only what is committed)
             try:
-                return await self.readers.call(name, cmd)  # type: ignore[no-any-return]
+                return await self.readers.call(name, cmd)
             except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): still answered
                 log.warning("the store's reader failed, %s runs in the daemon: %s", name,
                             str(e).strip().splitlines()[-1:])
@@ -191,8 +191,7 @@ class Session:
 
     async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd.get("cmd")
-        handler = COMMANDS.get(name)  # type: ignore[arg-type]
-        if handler is None:
+        if not isinstance(name, str) or (handler := COMMANDS.get(name)) is None:
             raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(COMMANDS))}")
         if self.sandboxed and name in REACHES_OUT:
             raise UserError(f"{name} is refused: this session is sandboxed (run --private) and "
@@ -205,7 +204,7 @@ class Session:
             await make_durable(self.store)
         elif durable is not None or name in SYNC_SOON:  # (a durable command's other calls)
             trio.lowlevel.spawn_system_task(self._sync_now)
-        timed = self.command_times.get(name)  # type: ignore[arg-type]
+        timed = self.command_times.get(name)
         if timed is not None:
             timed.record(time.monotonic_ns() - started)
         return result

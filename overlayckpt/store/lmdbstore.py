@@ -27,22 +27,42 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import blake3
 import lmdb
 import lmdb.verify
 import zstandard
 
-from overlayckpt.store import places, synced
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import (
-    DEFAULT_BLOCK_SIZE, FIRST_UPPER_INO, FORMAT_VERSION, ZERO_BLOCK, Checkpoint, from_u64, u64,
-    block_size_problem, unpack_obj,
+    DEFAULT_BLOCK_SIZE,
+    FIRST_UPPER_INO,
+    FORMAT_VERSION,
+    ZERO_BLOCK,
+    Checkpoint,
+    block_size_problem,
+    from_u64,
+    u64,
+    unpack_obj,
 )
+from overlayckpt.store import places, synced
 from overlayckpt.tables import (
-    BLOCK_BYTES_KEY, BLOCK_SIZE_KEY, BLOCKS, CKPTS, DERIVED_KEYS, DERIVED_TABLES, FORK_KEY,
-    FORMAT_KEY, GROUPFILES_KEY, HISTORY_BORN, HISTORY_KEY, META, NEXT_INO_KEY, PARENT_KEY, TABLES,
+    BLOCK_BYTES_KEY,
+    BLOCK_SIZE_KEY,
+    BLOCKS,
+    CKPTS,
+    DERIVED_KEYS,
+    DERIVED_TABLES,
+    FORK_KEY,
+    FORMAT_KEY,
+    GROUPFILES_KEY,
+    HISTORY_BORN,
+    HISTORY_KEY,
+    META,
+    NEXT_INO_KEY,
+    PARENT_KEY,
+    TABLES,
 )
 
 log = logging.getLogger(__name__)
@@ -89,10 +109,10 @@ class SyncPoint:
 class ReadTxn:
     """A read view of every table, consistent for its lifetime."""
 
-    def __init__(self, store: "Store", txn: "lmdb.Transaction") -> None:
+    def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
         self.store = store
         self.txn = txn
-        self._cursors: dict[bytes, "lmdb.Cursor"] = {}  # seek's and seek_before's, one per table
+        self._cursors: dict[bytes, lmdb.Cursor[bytes]] = {}  # seek's and seek_before's, one per table
 
     def get(self, table: bytes, key: bytes) -> bytes | None:
         if table == BLOCKS:
@@ -159,7 +179,7 @@ class ReadTxn:
         found = cur.prev() if cur.set_range(key) else cur.last()
         return _whole_in(table, cur.item()) if found else None
 
-    def _cursor(self, table: bytes) -> "lmdb.Cursor":
+    def _cursor(self, table: bytes) -> lmdb.Cursor[bytes]:
         cur = self._cursors.get(table)
         if cur is None:  # (each seek places it anew, whatever was written since)
             cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
@@ -308,7 +328,7 @@ class Store:
     # server that defers sets it, to time their capture (overlayckpt stats)
     on_deferred_stored: Callable[[list[int]], None] | None = None
 
-    def __init__(self, path: str, env: "lmdb.Environment", lock_fd: int | None, *,
+    def __init__(self, path: str, env: lmdb.Environment, lock_fd: int | None, *,
                  new: bool, cache_lost: bool, last: synced.Record | None) -> None:
         self.path = path
         self.env = env
@@ -364,7 +384,7 @@ class Store:
         self._counter = last.counter if last else 0
         self._flush_lock = threading.Lock()
         self._durable = 0  # txnid of the newest recorded snapshot
-        self._pins: list[tuple[SyncPoint, "lmdb.Transaction"]] = []  # oldest first
+        self._pins: list[tuple[SyncPoint, lmdb.Transaction[bytes]]] = []  # oldest first
         self._long_reads = 0  # begin_read views open (map growth must wait for none)
         self._since_point = 0  # commits since the last sync point began
         self._point_pages = 0  # the file's pages when the last sync point began
@@ -382,7 +402,7 @@ class Store:
 
     @classmethod
     def open(cls, path: str, *, create: bool = True, block_size: int | None = None,
-             lock: bool = True) -> "Store":
+             lock: bool = True) -> Store:
         if block_size is not None and (why := block_size_problem(block_size)) is not None:
             raise UserError(f"{why}: pick one such as {DEFAULT_BLOCK_SIZE} (--block-size)")
         if not os.path.isdir(path):
@@ -533,6 +553,11 @@ class Store:
         if self._deferred_here():
             self.store_deferred()
 
+    @overload
+    def _commit_with_deferred(self, fn: Callable[[WriteTxn], T]) -> T: ...
+    @overload
+    def _commit_with_deferred(self, fn: None) -> None: ...
+
     def _commit_with_deferred(self, fn: Callable[[WriteTxn], T] | None) -> T | None:
         """The deferred writes, then fn (if any), in one transaction; if that fails, each
         deferred write on its own (so that only what failed fails), then fn alone."""
@@ -544,7 +569,7 @@ class Store:
             return fn(w) if fn is not None else None
         try:
             result = self._commit(both)
-        except Exception:  # noqa: BLE001 - then each on its own: only what failed fails
+        except Exception:  # then each on its own: only what failed fails
             self._commit_each(taken)
             return self._commit(fn) if fn is not None else None
         self._stored(taken)
@@ -554,7 +579,7 @@ class Store:
         for one in taken:
             try:
                 self._commit(one[0])
-            except Exception as e:  # noqa: BLE001 - the writer was answered: it is told later
+            except Exception as e:  # the writer was answered: it is told later
                 one[1](e)
             else:
                 self._stored([one])
@@ -873,12 +898,12 @@ def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
         return False  # closed cleanly: nothing after the record
     cache_lost = rec is not None and (rec.ident != synced.incarnation(path)
                                       or newest is None or newest < rec.txnid)
-    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]
+    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]  # cache_lost: rec is set
         log.warning("store %s was not closed and its page cache is gone (power cut?): "
                     "rolling back to its last sync point (transaction %d, was %s)",
-                    path, rec.txnid, newest)  # type: ignore[union-attr]
+                    path, rec.txnid, newest)  # type: ignore[union-attr]  # cache_lost: rec is set
         try:
-            synced.roll_back(path, rec)  # type: ignore[arg-type]
+            synced.roll_back(path, rec)  # type: ignore[arg-type]  # cache_lost: rec is set
         except OSError as e:
             raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
                                f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
@@ -919,9 +944,13 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
             copied, error = 0, None
             batch: list[tuple[bytes, bytes]] = []
 
-            def flush() -> None:
-                out.write(lambda w: [w.put(name, k, v) for k, v in batch
-                                     if name != META or k not in DERIVED_KEYS])
+            def copy(w: WriteTxn, name: bytes = name, batch: list[tuple[bytes, bytes]] = batch) -> None:
+                for k, v in batch:
+                    if name != META or k not in DERIVED_KEYS:
+                        w.put(name, k, v)
+
+            def flush(batch: list[tuple[bytes, bytes]] = batch) -> None:
+                out.write(copy)
                 batch.clear()
             try:
                 db = env.open_db(name, create=False)
@@ -941,7 +970,11 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
                 out.write(lambda w, d=digest, v=raw: w.put(BLOCKS, d, v))
                 found += 1
         yield "blocks (scan)", found, None
-        out.write(lambda w: [w.delete(META, key) for key in DERIVED_KEYS])  # rebuilt at open
+
+        def drop_derived(w: WriteTxn) -> None:
+            for key in DERIVED_KEYS:
+                w.delete(META, key)
+        out.write(drop_derived)  # rebuilt at open
     finally:
         env.close()
         out.close()

@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from overlayckpt.errors import FsError
+from conftest import make_repo
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import Overlay
+from overlayckpt.errors import FsError
 from overlayckpt.records import ROOT_INO
-
-from conftest import make_repo
 
 ME = Caller(4242, "agent")
 OTHER = Caller(4343, "other")

@@ -23,8 +23,8 @@ def result(s: Session, call_id: str) -> None:
 
 
 def autos(s: Session) -> list[Any]:
-    Timeline(s).seal()
-    return [c for c in s.store.read(Timeline(s).all) if c.id > 0]
+    Timeline(s.ctx).seal()
+    return [c for c in s.store.read(Timeline(s.ctx).all) if c.id > 0]
 
 
 def conversation_at(s: Session, ck: Any) -> list[str]:
@@ -64,8 +64,9 @@ def test_commands_writing_at_once_are_a_checkpoint_each(session: Session) -> Non
     runs (and neither runs under the other); it closes where it is found done. Each
     checkpoint's state is the tree at its close, the history index exact at every one
     (fsck at teardown checks the index and the file rows against the journal)."""
-    from overlayckpt.core.journal import Caller
     from overlayckpt.core.history import AtCheckpoint
+    from overlayckpt.core.journal import Caller
+
     from .helpers_core import content, put
     running = {5001, 5002}
     a = Caller(5001, "a", (1,), running.__contains__)

@@ -10,9 +10,9 @@ import pytest
 
 from overlayckpt.core.backout import _write, merge_lines, work_out
 from overlayckpt.core.conversation import live_lines
+from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, content, exists, ino, node, put, tree_of
 from .test_checkpoints_core import KernelHooks, hooks  # noqa: F401  (the fixture)
@@ -50,7 +50,7 @@ def step(s: Session, *edits: Any) -> int:
         fn(s, *args)
     tl = Timeline(s.ctx)
     tl.seal()
-    return tl.latest().id  # type: ignore[union-attr]
+    return tl.latest().id  # type: ignore[union-attr]  # sealed: a checkpoint exists
 
 
 async def backout(s: Session, cid: int, *paths: str) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.export.importer import import_bundle
 from overlayckpt.records import FIRST_UPPER_INO, ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, ino, tree_of
 
@@ -25,18 +25,18 @@ def record(s: Session) -> None:
     """A few checkpoints that touch repo inodes (edit, rename, delete, xattr) and new ones."""
     ov = s.overlay
     ov.write(ME, ino(ov, "README.md"), 0, b"# EDITED")
-    Timeline(s).checkpoint("edited", None, ME)
+    Timeline(s.ctx).checkpoint("edited", None, ME)
     ov.rename(ME, ino(ov, "src/pkg"), b"util.py", ROOT_INO, b"util.py", 0)
     ov.remove(ME, ino(ov, "docs"), b"guide.txt", False)
     ov.setxattr(ME, ino(ov, "run.sh"), b"user.tag", b"v")
     i, _ = ov.create(ME, ino(ov, "src"), b"new.py", REG, 0, 0)
     ov.write(ME, i, 0, b"print('new')\n")
-    Timeline(s).checkpoint("moved", None, ME)
+    Timeline(s.ctx).checkpoint("moved", None, ME)
     ov.write(ME, ino(ov, "bin.dat"), 100, b"\x01\x02")
 
 
 def every_tree(s: Session) -> dict[Any, dict[str, tuple]]:
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     ids = [c.id for c in s.store.read(tl.all)]
     out = {cid: tree_of(s.overlay, lambda r, cid=cid: tl.state(r, tl.get(r, cid))) for cid in ids}
     out["live"] = tree_of(s.overlay)

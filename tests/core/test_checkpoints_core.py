@@ -3,7 +3,6 @@ conversation sidecar, in process over a real store."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import stat
 import time
@@ -14,11 +13,11 @@ import pytest
 import trio
 
 from overlayckpt.core.conversation import all_lines, live_lines, parse_line
-from overlayckpt.errors import UserError
 from overlayckpt.core.journal import Caller, records
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import UserError
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, OTHER, content, ino, native_tree, tree_of
 
@@ -52,7 +51,7 @@ def hooks(session: Session) -> KernelHooks:
 
 
 def checkpoints(s: Session) -> list[Any]:
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     return s.store.read(tl.all)
 
 
@@ -77,15 +76,15 @@ def test_operations_of_one_process_group_until_another_process_writes(session: S
     assert len(cks) == 2
     assert (cks[1].pid, cks[1].comm, cks[1].kind) == (ME.pid, ME.comm, "auto")
     assert group_paths(session, cks[1]) == ["README.md", "run.sh"]
-    Timeline(session).seal()
+    Timeline(session.ctx).seal()
     cks = checkpoints(session)
     assert len(cks) == 3 and cks[2].pid == OTHER.pid
     assert group_paths(session, cks[2]) == ["README.md"]
 
 
 def test_seal_without_an_open_group_adds_nothing(session: Session) -> None:
-    Timeline(session).seal()
-    Timeline(session).seal()
+    Timeline(session.ctx).seal()
+    Timeline(session.ctx).seal()
     assert len(checkpoints(session)) == 1
 
 
@@ -117,7 +116,7 @@ def test_only_operations_that_change_something_are_journaled(session: Session) -
     assert session.store.read(lambda r: r.count(b"journal")) == 0
     ov.write(ME, ino(ov, "README.md"), 0, b"")  # zero bytes, but mtime moves: one record
     assert session.store.read(lambda r: r.count(b"journal")) == 1
-    Timeline(session).seal()
+    Timeline(session.ctx).seal()
     assert len(checkpoints(session)) == 2
 
 
@@ -126,11 +125,11 @@ def test_only_operations_that_change_something_are_journaled(session: Session) -
 def test_named_checkpoint_closes_the_open_group(session: Session) -> None:
     ov = session.overlay
     ov.write(ME, ino(ov, "README.md"), 0, b"X")
-    ck = Timeline(session).checkpoint("step1", "first step", ME)
+    ck = Timeline(session.ctx).checkpoint("step1", "first step", ME)
     cks = checkpoints(session)
     assert [c.kind for c in cks] == ["auto", "auto", "named"]
     assert (ck.name, ck.message, ck.seq) == ("step1", "first step", cks[1].seq)
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     assert session.store.read(lambda r: tl.get(r, "step1").id) == ck.id
     assert session.store.read(lambda r: tl.get(r, str(ck.id)).name) == "step1"
 
@@ -138,18 +137,18 @@ def test_named_checkpoint_closes_the_open_group(session: Session) -> None:
 @pytest.mark.parametrize("name", ["", "123", "@x", "a/b", "n" * 201])
 def test_bad_checkpoint_names_are_refused(session: Session, name: str) -> None:
     with pytest.raises(UserError):
-        Timeline(session).checkpoint(name, None, ME)
+        Timeline(session.ctx).checkpoint(name, None, ME)
     assert len(checkpoints(session)) == 1
 
 
 def test_a_taken_name_is_refused(session: Session) -> None:
-    Timeline(session).checkpoint("once", None, ME)
+    Timeline(session.ctx).checkpoint("once", None, ME)
     with pytest.raises(UserError, match="taken"):
-        Timeline(session).checkpoint("once", None, ME)
+        Timeline(session.ctx).checkpoint("once", None, ME)
 
 
 def test_unknown_checkpoint_refs(session: Session) -> None:
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     for ref in ("nope", 99, True, None, "@before-last"):
         with pytest.raises(UserError):
             session.store.read(lambda r, ref=ref: tl.get(r, ref))
@@ -204,7 +203,7 @@ async def test_a_restore_that_deletes_a_directory_invalidates_its_name_not_what_
 
 async def test_restore_is_undone_with_before_last(session: Session, hooks: KernelHooks) -> None:
     ov = session.overlay
-    Timeline(session).checkpoint("clean", None, ME)
+    Timeline(session.ctx).checkpoint("clean", None, ME)
     ov.write(ME, ino(ov, "README.md"), 0, b"WORK")
     after = tree_of(ov)
     await session.command({"cmd": "restore", "id": "clean"})
@@ -219,14 +218,14 @@ async def test_restore_to_the_origin_gives_the_repo(session: Session, hooks: Ker
     ov.rename(ME, ROOT_INO, b"src", ROOT_INO, b"lib", 0)
     ov.create(ME, ROOT_INO, b"d", stat.S_IFDIR | 0o755, 0, 0)
     ov.setattr(ME, ino(ov, "run.sh"), mode=0o600)
-    await Timeline(session).restore(0, ME)
-    assert {p: v for p, v in tree_of(ov).items()} == native_tree(repo)
+    await Timeline(session.ctx).restore(0, ME)
+    assert dict(tree_of(ov)) == native_tree(repo)
 
 
 async def test_restore_of_chosen_paths_keeps_the_other_changes(session: Session,
                                                                hooks: KernelHooks) -> None:
     ov = session.overlay
-    Timeline(session).checkpoint("start", None, ME)
+    Timeline(session.ctx).checkpoint("start", None, ME)
     ov.write(ME, ino(ov, "README.md"), 0, b"R")
     ov.write(ME, ino(ov, "run.sh"), 0, b"S")
     original_readme = content(ov, "README.md")
@@ -240,7 +239,7 @@ async def test_restore_of_chosen_paths_keeps_the_other_changes(session: Session,
 async def test_restore_of_a_path_that_never_existed_is_refused(session: Session,
                                                                hooks: KernelHooks) -> None:
     with pytest.raises(UserError):
-        await Timeline(session).restore(0, ME, ["nowhere/at/all"], "code")
+        await Timeline(session.ctx).restore(0, ME, ["nowhere/at/all"], "code")
     with pytest.raises(UserError):
         await session.command({"cmd": "restore", "id": 0, "paths": ["../x"]})
 
@@ -250,9 +249,9 @@ async def test_restore_of_a_deleted_upper_file_brings_it_back(session: Session,
     ov = session.overlay
     i, _ = ov.create(ME, ROOT_INO, b"notes", REG, 0, 0)
     ov.write(ME, i, 0, b"precious" * 1000)
-    ck = Timeline(session).checkpoint(None, None, ME)
+    ck = Timeline(session.ctx).checkpoint(None, None, ME)
     ov.remove(ME, ROOT_INO, b"notes", False)
-    await Timeline(session).restore(ck.id, ME)
+    await Timeline(session.ctx).restore(ck.id, ME)
     assert content(ov, "notes") == b"precious" * 1000
 
 
@@ -264,7 +263,7 @@ async def test_restore_conversation_only_moves_the_head_and_leaves_code(
         session: Session, hooks: KernelHooks) -> None:
     ov = session.overlay
     session.conversation_append(line("user", "first"))
-    Timeline(session).checkpoint("talked", None, ME)
+    Timeline(session.ctx).checkpoint("talked", None, ME)
     session.conversation_append(line("assistant", "second"))
     ov.write(ME, ino(ov, "README.md"), 0, b"CODE")
     result = await session.command({"cmd": "restore", "id": "talked", "what": "conversation"})
@@ -277,7 +276,7 @@ async def test_restore_conversation_only_moves_the_head_and_leaves_code(
 async def test_restore_code_only_keeps_the_conversation(session: Session,
                                                         hooks: KernelHooks) -> None:
     ov = session.overlay
-    Timeline(session).checkpoint("c", None, ME)
+    Timeline(session.ctx).checkpoint("c", None, ME)
     ov.write(ME, ino(ov, "README.md"), 0, b"CODE")
     session.conversation_append(line("user", "kept"))
     await session.command({"cmd": "restore", "id": "c", "what": "code"})
@@ -289,15 +288,15 @@ async def test_restore_code_only_keeps_the_conversation(session: Session,
 
 async def test_conversation_branches_after_a_restore(session: Session, hooks: KernelHooks) -> None:
     session.conversation_append(line("user", "a"))
-    Timeline(session).checkpoint("fork", None, ME)
+    Timeline(session.ctx).checkpoint("fork", None, ME)
     session.conversation_append(line("assistant", "b"))
-    await Timeline(session).restore("fork", ME, what="conversation")
+    await Timeline(session.ctx).restore("fork", ME, what="conversation")
     session.conversation_append(line("assistant", "c"))
     live = session.store.read(live_lines)
     assert [x["content"] for x in live] == ["a", "c"]
     everything = session.store.read(all_lines)
     assert [(x["content"], x["live"]) for x in everything] == [("a", True), ("b", False), ("c", True)]
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     at_fork = session.store.read(lambda r: live_lines(r, tl.get(r, "fork").conv_head))
     assert [x["content"] for x in at_fork] == ["a"]
     # the abandoned branch is still reachable through a restore of the checkpoint after it
@@ -340,13 +339,13 @@ def test_each_operation_is_journaled_with_who_what_and_where(session: Session) -
 async def test_restore_of_a_directory_path_restores_its_subtree_only(
         session: Session, hooks: KernelHooks) -> None:
     ov = session.overlay
-    Timeline(session).checkpoint("start", None, ME)
+    Timeline(session.ctx).checkpoint("start", None, ME)
     before = tree_of(ov)
     ov.write(ME, ino(ov, "src/pkg/util.py"), 0, b"BROKEN")
     ov.remove(ME, ino(ov, "src"), b"main.py", False)
     ov.create(ME, ino(ov, "src"), b"extra.py", REG, 0, 0)
     ov.write(ME, ino(ov, "README.md"), 0, b"KEEP")
-    await Timeline(session).restore("start", ME, ["src"], "code")
+    await Timeline(session.ctx).restore("start", ME, ["src"], "code")
     after = tree_of(ov)
     assert {p: v for p, v in after.items() if p.startswith("src")} == \
         {p: v for p, v in before.items() if p.startswith("src")}
@@ -380,7 +379,7 @@ def test_a_name_stored_before_the_rule_still_resolves_by_exact_lookup(session: S
     name, and ids stay ASCII digits: "１" and "²" never read as ids."""
     from overlayckpt.records import u64
     from overlayckpt.tables import NAMES
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     ck = tl.checkpoint("fine", None, ME)
     session.store.write(lambda w: (w.put(NAMES, b"-1", u64(ck.id)), w.put(NAMES, b"a b", u64(ck.id))))
     assert session.store.read(lambda r: (tl.get(r, "-1").id, tl.get(r, "a b").id)) == (ck.id, ck.id)

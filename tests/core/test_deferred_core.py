@@ -45,7 +45,7 @@ def test_a_deferred_write_commits_with_the_next_operation_in_order(
     assert ops[-3:] == ["write", "write", "create"]
 
 
-def _records(r):  # type: ignore[no-untyped-def]
+def _records(r):
     from overlayckpt.core.journal import JournalRecord
     from overlayckpt.records import from_u64
     from overlayckpt.tables import JOURNAL

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from overlayckpt.core.apply import apply_checkpoint, apply_live
-from overlayckpt.errors import UserError
 from overlayckpt.core.maintenance import fsck, gc, referenced_blocks, thin
 from overlayckpt.core.patch import render, stat_lines
+from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import UserError
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.core.timeline import Timeline
 
 from .helpers_core import ME, content, ino, native_tree, tree_of
 
@@ -54,7 +54,7 @@ def git_apply(patch: str, tree: Path) -> None:
 
 def test_diff_lists_each_change(session: Session) -> None:
     edit_everything(session)
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     changes = session.store.read(lambda r: tl.changes(r, tl.get(r, 0), None))
     got = {c.path: c.change for c in changes}
     assert got == {"README.md": "M", "bin.dat": "M", "docs/guide.txt": "M", "new.txt": "A",
@@ -68,7 +68,7 @@ def test_diff_lists_each_change(session: Session) -> None:
 def test_patch_applies_with_git_apply_to_a_copy_of_the_repo(session: Session, repo: Path,
                                                             tmp_path: Path) -> None:
     edit_everything(session)
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     patch = session.store.read(lambda r: render(tl.changes(r, tl.get(r, 0), None)))
     assert "GIT binary patch" in patch and "\\ No newline at end of file" in patch
     copy = tmp_path / "copy"
@@ -81,11 +81,11 @@ async def test_diff_command_between_two_checkpoints(session: Session, repo: Path
                                                     tmp_path: Path) -> None:
     ov = session.overlay
     ov.write(ME, ino(ov, "README.md"), 0, b"# one")
-    a = Timeline(session).checkpoint("a", None, ME)
+    a = Timeline(session.ctx).checkpoint("a", None, ME)
     at_a = tree_of(ov)
     ov.write(ME, ino(ov, "README.md"), 0, b"# two")
     ov.remove(ME, ROOT_INO, b"run.sh", False)
-    b = Timeline(session).checkpoint("b", None, ME)
+    b = Timeline(session.ctx).checkpoint("b", None, ME)
     ov.write(ME, ino(ov, "README.md"), 0, b"# 333")  # after b: not in the diff
     reply = await session.command({"cmd": "diff", "a": "a", "b": "b"})
     assert (reply["a"], reply["b"]) == (a.id, b.id)
@@ -105,9 +105,9 @@ async def test_diff_command_between_two_checkpoints(session: Session, repo: Path
 
 async def test_diff_of_a_restore_is_empty_against_its_target(session: Session) -> None:
     ov = session.overlay
-    Timeline(session).checkpoint("t", None, ME)
+    Timeline(session.ctx).checkpoint("t", None, ME)
     ov.write(ME, ino(ov, "README.md"), 0, b"zzz")
-    await Timeline(session).restore("t", ME)
+    await Timeline(session.ctx).restore("t", ME)
     reply = await session.command({"cmd": "diff", "a": "t"})
     assert reply["files"] == [] and reply["patch"] == ""
 
@@ -117,15 +117,15 @@ async def test_diff_of_a_restore_is_empty_against_its_target(session: Session) -
 def test_apply_live_makes_the_repo_the_live_tree(session: Session, repo: Path) -> None:
     edit_everything(session)
     live = tree_of(session.overlay)
-    stats = apply_live(session)
+    stats = apply_live(session.ctx)
     assert stats["written"] > 0 and stats["removed"] > 0
     assert native_tree(repo) == live
     # history still sees the original repo (pins)
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     origin = tree_of(session.overlay, lambda r: tl.state(r, tl.get(r, 0)))
     assert origin["src/pkg/util.py"][2] == b"def answer():\n    return 42\n"
     assert "new.txt" not in origin
-    assert apply_live(session)["written"] == 0  # nothing left to write
+    assert apply_live(session.ctx)["written"] == 0  # nothing left to write
 
 
 def test_apply_refuses_to_overwrite_a_change_made_in_the_repo(session: Session, repo: Path) -> None:
@@ -133,9 +133,9 @@ def test_apply_refuses_to_overwrite_a_change_made_in_the_repo(session: Session, 
     ov.write(ME, ino(ov, "README.md"), 0, b"OURS")
     (repo / "README.md").write_bytes(b"theirs, made behind the session\n")
     with pytest.raises(UserError, match="README.md"):
-        apply_live(session)
+        apply_live(session.ctx)
     assert (repo / "README.md").read_bytes() == b"theirs, made behind the session\n"
-    apply_live(session, force=True)
+    apply_live(session.ctx, force=True)
     assert (repo / "README.md").read_bytes().startswith(b"OURS")
 
 
@@ -143,14 +143,14 @@ def test_apply_accepts_a_repo_change_that_equals_ours(session: Session, repo: Pa
     ov = session.overlay
     ov.write(ME, ino(ov, "run.sh"), 0, b"#!/bin/bash")
     (repo / "run.sh").write_bytes(content(ov, "run.sh"))  # same bytes, new mtime
-    apply_live(session)
+    apply_live(session.ctx)
     assert (repo / "run.sh").read_bytes().startswith(b"#!/bin/bash")
 
 
 async def test_apply_a_checkpoint_through_the_command(session: Session, repo: Path) -> None:
     ov = session.overlay
     ov.write(ME, ino(ov, "README.md"), 0, b"STEP")
-    ck = Timeline(session).checkpoint("step", None, ME)
+    ck = Timeline(session.ctx).checkpoint("step", None, ME)
     at_step = tree_of(ov)
     ov.remove(ME, ROOT_INO, b"README.md", False)  # after the checkpoint: not applied
     reply = await session.command({"cmd": "apply", "checkpoint": ck.id})
@@ -160,7 +160,7 @@ async def test_apply_a_checkpoint_through_the_command(session: Session, repo: Pa
 
 def test_apply_checkpoint_of_an_unknown_ref_is_refused(session: Session) -> None:
     with pytest.raises(UserError):
-        apply_checkpoint(session, "no-such")
+        apply_checkpoint(session.ctx, "no-such")
 
 
 # -- thin and gc ------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def many_versions(s: Session, n: int, first: int = 0) -> None:
         i, _ = ov.create(ME, ROOT_INO, b"big", REG, 0, 0)
     for v in range(first, first + n):
         ov.write(ME, i, 0, bytes([v]) * 8192)
-        Timeline(s).seal()
+        Timeline(s.ctx).seal()
 
 
 def test_gc_keeps_every_block_history_needs(session: Session) -> None:
@@ -193,10 +193,10 @@ def test_gc_removes_an_unreferenced_block(session: Session) -> None:
 async def test_thin_drops_old_automatic_checkpoints_and_keeps_named_ones(session: Session) -> None:
     ov = session.overlay
     many_versions(session, 3)
-    Timeline(session).checkpoint("keep", None, ME)
+    Timeline(session.ctx).checkpoint("keep", None, ME)
     kept = content(ov, "big")
     many_versions(session, 6, first=100)
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     before = session.store.read(tl.all)
     blocks_before = session.store.read(lambda r: r.count(b"blocks"))
     assert await thin(session.store, 10**12) == {"thinned": 0}  # under budget: nothing
@@ -214,18 +214,18 @@ async def test_thin_drops_old_automatic_checkpoints_and_keeps_named_ones(session
 
 
 def tl_id(s: Session, name: str) -> int:
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     return s.store.read(lambda r: tl.get(r, name).id)
 
 
 async def test_restore_after_thin_is_exact(session: Session) -> None:
     ov = session.overlay
     many_versions(session, 4)
-    Timeline(session).checkpoint("mid", None, ME)
+    Timeline(session.ctx).checkpoint("mid", None, ME)
     at_mid = tree_of(ov)
     many_versions(session, 4, first=50)
     await thin(session.store, 0)
-    await Timeline(session).restore("mid", ME)
+    await Timeline(session.ctx).restore("mid", ME)
     assert tree_of(ov) == at_mid
 
 
@@ -264,7 +264,7 @@ def test_apply_rewrites_a_repo_file_that_got_a_second_name_elsewhere(
     ov.link(ME, util, ino(ov, "docs"), b"util-link.py")
     if not edit_first:
         ov.write(ME, util, 0, b"changed")
-    apply_live(session)
+    apply_live(session.ctx)
     assert native_tree(repo) == tree_of(ov)
     assert (repo / "src/pkg/util.py").read_bytes().startswith(b"changed")
     assert os.path.samefile(repo / "src/pkg/util.py", repo / "docs/util-link.py")

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from overlayckpt.errors import FsError
 from overlayckpt.core.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
-from overlayckpt.service.session import Session
 from overlayckpt.core.timeline import Timeline
+from overlayckpt.errors import FsError
+from overlayckpt.service.session import Session
 
 from .helpers_core import ME, ino, make_small_repo, native_tree, tree_of
 
@@ -256,11 +256,11 @@ async def test_random_operations_match_a_native_directory(seed: int, open_sessio
         if steps % 25 == 0:
             assert full_overlay(s.overlay) == full_native(native_root), f"seed {seed}: {history[-8:]}"
             name = f"step{steps}"
-            Timeline(s).checkpoint(name, None, ME)
+            Timeline(s.ctx).checkpoint(name, None, ME)
             recorded[name] = native_tree(native_root)
     assert full_overlay(s.overlay) == full_native(native_root)
     # the recorded checkpoints: each still shows the native tree as it was then
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     for name, tree in recorded.items():
         assert tree_of(s.overlay, lambda r, name=name: tl.state(r, tl.get(r, name))) == tree, name
     # and a restore to the origin gives back the repo's tree (with counts and xattrs)

@@ -91,7 +91,7 @@ def test_fork_starts_at_the_checkpoint_and_edits_stay_apart(session: Session, fa
 def test_fork_of_live_makes_a_checkpoint_and_costs_the_changes_not_the_blocks(
         session: Session, family: Any) -> None:
     set_file(session, "big.bin", BIG)
-    parent_ck = Timeline(session.ctx).latest().id  # type: ignore[union-attr]
+    parent_ck = Timeline(session.ctx).latest().id  # type: ignore[union-attr]  # a session has checkpoint 0
     f = family(session, None, "f1")
     newest = Timeline(session.ctx).latest()
     assert newest is not None and newest.id > parent_ck and newest.kind == "named"
@@ -159,7 +159,7 @@ def test_thinning_keeps_the_checkpoint_a_fork_started_from(session: Session, fam
         set_file(session, f"f{i}.bin", os.urandom(8192))
         session.overlay.write(Caller(5000 + i, "x"), session.overlay.live(
             lambda r: session.overlay.resolve(r, "README.md")), 0, b"#")  # another writer
-        ids.append(Timeline(session.ctx).latest().id)  # type: ignore[union-attr]
+        ids.append(Timeline(session.ctx).latest().id)  # type: ignore[union-attr]  # a session has checkpoint 0
     tl = Timeline(session.ctx)
     autos = [c.id for c in session.store.read(tl.all) if c.kind == "auto" and c.id]
     forked = autos[0]

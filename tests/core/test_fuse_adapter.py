@@ -16,8 +16,8 @@ from typing import Any
 import pyfuse3
 import pytest
 
-from overlayckpt.fuse.control import VIEW_INO_BASE
 from overlayckpt.errors import FsError
+from overlayckpt.fuse.control import VIEW_INO_BASE
 from overlayckpt.fuse.ops import KERNEL_HANDLE, Operations
 from overlayckpt.records import CONTROL_INO_BASE, ROOT_INO, Node
 
@@ -54,7 +54,7 @@ FILE = Node(stat.S_IFREG | 0o644, 0, 0, 3, 1, 1, 1, 1, 0, None, 0, 0, None)
 
 
 def ops(core: FakeCore) -> Operations:
-    return Operations(core, control=None)  # type: ignore[arg-type]
+    return Operations(core, control=None)  # type: ignore[arg-type]  # FakeCore: the core's methods ops calls
 
 
 def setattr_fields(**set_: bool) -> Any:

@@ -22,8 +22,16 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
 from overlayckpt.tables import (
-    CHANGED, CKPTS, FORMAT_KEY, GROUPFILES, GROUPFILES_KEY, HISTORY_KEY, HISTORY_TABLES, META,
-    NEXT_INO_KEY, SEQ_KEY,
+    CHANGED,
+    CKPTS,
+    FORMAT_KEY,
+    GROUPFILES,
+    GROUPFILES_KEY,
+    HISTORY_KEY,
+    HISTORY_TABLES,
+    META,
+    NEXT_INO_KEY,
+    SEQ_KEY,
 )
 
 from .helpers_core import ME, OTHER, ino, tree_of
@@ -36,7 +44,7 @@ CALLERS = [ME, OTHER, Caller(4444, "third")]
 DIRS = [b"n1", b"n2"]  # made and removed at the top: subtrees that come and go
 
 
-def _dirs(ov) -> list[int]:  # type: ignore[no-untyped-def]
+def _dirs(ov) -> list[int]:
     out = [ROOT_INO, ino(ov, "docs")]
     for name in DIRS:
         try:
@@ -81,7 +89,7 @@ def _step(rng: random.Random, s: Session) -> None:
 
 
 def _trees(s: Session) -> dict[int, dict[str, tuple]]:
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     cks = s.store.read(tl.all)
     return {ck.id: tree_of(s.overlay, lambda r, ck=ck: tl.state(r, ck)) for ck in cks}
 
@@ -89,7 +97,7 @@ def _trees(s: Session) -> dict[int, dict[str, tuple]]:
 async def _random_history(s: Session, seed: int, steps: int = 300) -> dict[int, dict[str, tuple]]:
     """Random groups, restores and thinning; returns every checkpoint's tree as it was made."""
     rng = random.Random(seed)
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     recorded: dict[int, dict[str, tuple]] = {0: tree_of(s.overlay)}
 
     def record(before: dict[str, tuple]) -> None:
@@ -133,7 +141,7 @@ async def test_diff_between_any_two_checkpoints_matches_their_trees(
         open_session: Callable[..., Session], repo: Path) -> None:
     s = open_session(repo)
     recorded = await _random_history(s, 7, steps=200)
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     cks = s.store.read(tl.all)
     rng = random.Random(1)
     for _ in range(40):
@@ -148,7 +156,7 @@ async def test_diff_between_any_two_checkpoints_matches_their_trees(
 
 async def test_a_restore_lists_what_it_adds_modifies_and_deletes(session: Session) -> None:
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("start", None, ME)
     ov.create(ME, ROOT_INO, b"added", REG, 0, 0)
     ov.write(ME, ino(ov, "README.md"), 0, b"changed")
@@ -169,7 +177,7 @@ def history_records(r, cid, tl):  # the journal records a restore checkpoint sta
 
 def restore_files(s: Session, cid: int) -> dict[str, str]:
     """What a restore's records list: path -> A, M or D (each path once)."""
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     out: dict[str, str] = {}
     for rec in s.store.read(lambda r: list(history_records(r, cid, tl))):
         for path, change in zip(rec.paths, rec.changes):
@@ -185,7 +193,7 @@ async def test_a_restore_spans_records_that_stay_small_and_lists_every_file(
     from overlayckpt.core.journal import RECORD_BYTES
     from overlayckpt.tables import JOURNAL
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("start", None, ME)
     start = tree_of(ov)
     for i in range(1000):  # (in a directory of the target: the restore writes each name)
@@ -211,20 +219,20 @@ async def test_a_restore_left_without_its_file_list_gets_it_after_a_reopen(
     """The list is written after the restore's answer: a crash in between leaves the mark,
     and the next completion (after the reopen) writes the list."""
     s = open_session(repo)
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     tl.checkpoint("start", None, ME)
     s.overlay.create(ME, ROOT_INO, b"added", REG, 0, 0)
     result = await tl.restore("start", ME)
     s = open_session(repo, store=Path(s.store.path))  # (closed without the list)
     assert restore_files(s, result["id"]) == {}
-    assert await Timeline(s).complete_restores() == 1
+    assert await Timeline(s.ctx).complete_restores() == 1
     assert restore_files(s, result["id"]) == {"added": "D"}
 
 
 async def test_a_restore_merged_by_thinning_before_its_list_lists_nothing(
         session: Session) -> None:
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("start", None, ME)
     ov.create(ME, ROOT_INO, b"added", REG, 0, 0)
     await tl.restore("start", ME)
@@ -280,7 +288,7 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
         assert fsck(s.store)["clean"]
         # each checkpoint gets the counter at the upgrade (no inode numbered from it on was
         # there), and a restore to one skips by number what was made since
-        tl = Timeline(s)
+        tl = Timeline(s.ctx)
         cks = s.store.read(tl.all)
         if old < 4:
             assert {ck.next_ino for ck in cks} == {s.store.read(lambda r: r.meta_int(NEXT_INO_KEY))}
@@ -296,9 +304,9 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
 def _files(s: Session) -> dict[int, tuple[list[dict[str, str]], int, str]]:
     """Every checkpoint's net file changes, how many, and its summary, as log shows them."""
     from overlayckpt.core.summaries import checkpoint_entry
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
 
-    def fn(r):  # type: ignore[no-untyped-def]
+    def fn(r):
         entries = {ck.id: checkpoint_entry(r, ck) for ck in tl.all(r)}
         return {i: (e["files"], e["files_total"], e["summary"]) for i, e in entries.items()}
     return s.store.read(fn)
@@ -320,7 +328,7 @@ def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Sessi
     """Thousands of groups after a checkpoint rewrite one file: the index holds each changed
     key once, and the checkpoint still shows the file as it was."""
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("early", None, ME)
     before = tree_of(ov)
     readme = ino(ov, "README.md")
@@ -334,14 +342,14 @@ def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Sessi
 class _CountedSeeks:
     """A read transaction that counts its index seeks."""
 
-    def __init__(self, r) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, r) -> None:
         self.r, self.seeks = r, 0
 
-    def seek(self, *args):  # type: ignore[no-untyped-def]
+    def seek(self, *args):
         self.seeks += 1
         return self.r.seek(*args)
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.r, name)
 
 
@@ -351,7 +359,7 @@ def test_a_diff_costs_what_changed_not_the_names_a_directory_ever_held(session: 
     at either checkpoint (a listing there reads every name it ever held). A file made and
     removed in between is named nowhere (its record keeps no link): no listing either."""
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     out, _ = ov.create(ME, ROOT_INO, b"out", stat.S_IFDIR | 0o755, 0, 0)
     kept, _ = ov.create(ME, out, b"kept.o", REG, 0, 0)
     for i in range(2000):
@@ -365,8 +373,8 @@ def test_a_diff_costs_what_changed_not_the_names_a_directory_ever_held(session: 
     ov.write(OTHER, gone, 0, b"y")
     ov.remove(OTHER, out, b"gone.o", False)
     b = tl.checkpoint("b", None, ME)
-    def diff(x, y):  # type: ignore[no-untyped-def]
-        def fn(r):  # type: ignore[no-untyped-def]
+    def diff(x, y):
+        def fn(r):
             c = _CountedSeeks(r)
             return [(f.path, f.change) for f in tl.changes(c, x, y)], c.seeks
         return session.store.read(fn)
@@ -384,7 +392,7 @@ async def test_thinning_in_small_slices_off_the_loop_keeps_every_kept_checkpoint
     monkeypatch.setattr(maintenance, "THIN_SLICE", 3)  # many slices, each its own transaction
     s = open_session(repo)
     rng = random.Random(11)
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     for i in range(400):
         _step(rng, s)
         if i % 97 == 0:
@@ -411,7 +419,7 @@ async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session)
     ov.write(ME, readme, 0, data)
     ov.write(OTHER, readme, 0, b"y" * 4096)  # a checkpoint between: thinning merges it away
     ov.write(ME, readme, 0, b"x" * 4096)
-    Timeline(session).seal()
+    Timeline(session.ctx).seal()
     for m in session.store.read(lambda r: thin_plan(r, 0)):
         session.store.write(lambda w, m=m: apply_merge(w, m, merge_slice(w, m)))
     plan = session.store.read(gc_plan)
@@ -427,7 +435,7 @@ async def test_a_restore_takes_in_what_was_written_after_it_was_prepared(session
     """A restore works out what to write in a snapshot, off the loop; what the mount wrote
     after that snapshot and before the restore's transaction is put back too."""
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("start", None, ME)
     start = tree_of(ov)
     ov.write(ME, ino(ov, "README.md"), 0, b"before the snapshot")
@@ -448,7 +456,7 @@ async def test_the_file_lists_of_random_restores_are_what_their_trees_differ_in(
     for seed in range(3):
         s = open_session(repo, store=repo.parent / f"lists-{seed}")
         recorded = await _random_history(s, seed + 20)
-        tl = Timeline(s)
+        tl = Timeline(s.ctx)
         assert await tl.complete_restores() > 0
         checked = 0
         for ck in s.store.read(tl.all):
@@ -497,7 +505,7 @@ async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Sessio
     versions the snapshot found moved, and the transaction finds them again."""
     from overlayckpt.core.maintenance import Merge, apply_merge, merge_slice
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("start", None, ME)
     start = tree_of(ov)
     readme = ino(ov, "README.md")
@@ -531,9 +539,9 @@ async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
     for seed in (3, 11):
         s = open_session(repo, store=repo.parent / f"store-{seed}")
         await _random_history(s, seed, steps=200)
-        tl = Timeline(s)
+        tl = Timeline(s.ctx)
 
-        def full(r, seq):  # type: ignore[no-untyped-def]
+        def full(r, seq):
             rows = {}
             for c, key, value, last in history.values_since(r, seq):
                 current = r.get(TABLE_NAMES[c], key)
@@ -558,7 +566,7 @@ async def test_gc_sweeps_what_a_restore_left_unnamed_and_every_checkpoint_still_
     it (journaled: the checkpoints that show it still do), and a restore brings it back."""
     from overlayckpt.tables import NODES
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("before", None, ME)
     start = tree_of(ov)
     d, _ = ov.create(ME, ROOT_INO, b"made", stat.S_IFDIR | 0o755, 0, 0)
@@ -601,7 +609,7 @@ async def test_fsck_finds_an_entry_without_a_record_in_the_tree_not_in_what_a_re
     tree names the directory. The same entry in the tree is."""
     from overlayckpt.tables import DIRENTS, NODES
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("before", None, ME)
     start = tree_of(ov)
     d, _ = ov.create(ME, ROOT_INO, b"made", stat.S_IFDIR | 0o755, 0, 0)
@@ -631,14 +639,14 @@ async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
     monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
     ran = []
     for name in ("warm_changed", "warm_up"):
-        def spy(*args, _real=getattr(history, name), _name=name):  # type: ignore[no-untyped-def]
+        def spy(*args, _real=getattr(history, name), _name=name):  # noqa: B008  (bound per name)
             done = _real(*args)
             ran.append((_name, done))
             return done
         monkeypatch.setattr(history, name, spy)
     s = open_session(repo)
     recorded = await _random_history(s, 5, steps=150)
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     for ck in random.Random(5).sample(s.store.read(tl.all), 10):
         await tl.restore(ck.id, ME)
         assert tree_of(s.overlay) == recorded[ck.id], ck.id

@@ -8,7 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overlayckpt.core.latency import (
-    BUCKETS, Histogram, bucket_high, bucket_low, bucket_of, power_bounds,
+    BUCKETS,
+    Histogram,
+    bucket_high,
+    bucket_low,
+    bucket_of,
+    power_bounds,
 )
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session

@@ -70,16 +70,16 @@ async def test_paths_longer_than_a_store_key_are_created_listed_and_thinned(sess
 
 def test_apply_pins_and_writes_a_repo_file_at_a_path_longer_than_a_store_key(
         open_session: Callable[..., Session], repo: Path) -> None:
-    rel = "/".join("d%02d" % i + "x" * 196 for i in range(15)) + "/deep.txt"
+    rel = "/".join(f"d{i:02d}" + "x" * 196 for i in range(15)) + "/deep.txt"
     os.makedirs(repo / os.path.dirname(rel))
     (repo / rel).write_bytes(b"original\n")
     s = open_session(repo)
     put(s.overlay, ME, rel, b"edited\n")
     put(s.overlay, ME, rel.rsplit("/", 1)[0] + "/new.txt", b"new\n")
     live = tree_of(s.overlay)
-    assert apply_live(s)["pinned"] >= 1  # the original is kept in the store before it changes
+    assert apply_live(s.ctx)["pinned"] >= 1  # the original is kept in the store before it changes
     assert native_tree(repo) == live
-    tl = Timeline(s)
+    tl = Timeline(s.ctx)
     origin = tree_of(s.overlay, lambda r: tl.state(r, tl.get(r, 0)))
     assert origin[rel][2] == b"original\n" and content(s.overlay, rel) == b"edited\n"
     assert fsck(s.store)["clean"]

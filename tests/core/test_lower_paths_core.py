@@ -51,7 +51,7 @@ def test_a_new_process_finds_the_lower_paths_below_a_moved_directory(
 
 def test_checkpoints_and_restores_across_a_moved_lower_directory(session: Session, repo: Path) -> None:
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("before", None, ME)
     move_lower_dirs(session)
     ov.write(ME, ino(ov, "pkg2/util.py"), 0, b"DEF")
@@ -63,7 +63,7 @@ def test_checkpoints_and_restores_across_a_moved_lower_directory(session: Sessio
 
 async def test_restore_across_a_moved_lower_directory(session: Session, repo: Path) -> None:
     ov = session.overlay
-    tl = Timeline(session)
+    tl = Timeline(session.ctx)
     tl.checkpoint("before", None, ME)
     move_lower_dirs(session)
     ov.write(ME, ino(ov, "pkg2/util.py"), 0, b"DEF")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from overlayckpt.errors import FsError
 from overlayckpt.core.overlay import RENAME_EXCHANGE, RENAME_NOREPLACE, Overlay
+from overlayckpt.errors import FsError
 from overlayckpt.records import CONTROL_NAME, FIRST_UPPER_INO, ROOT_INO
 
 from .helpers_core import ME, content, exists, ino, names, node

@@ -3,12 +3,11 @@ checkpoints left out unless asked for, pages. In process, over a real store; the
 with the real git in a mount is tests/test_git_timeline.py."""
 from __future__ import annotations
 
-
 import json
 
-from overlayckpt.core.journal import Caller
 from overlayckpt.core.groupfiles import GONE, fold
 from overlayckpt.core.ignore import AGENT_RULES, Ignored
+from overlayckpt.core.journal import Caller
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import ROOT_INO
@@ -113,7 +112,7 @@ async def test_diff_and_show_leave_git_internals_out_unless_asked(session: Sessi
     ov = session.overlay
     put(ov, GIT, ".git/index", b"DIRC new")
     put(ov, GIT, "notes.txt", b"by git\n")
-    Timeline(session).checkpoint("after", None, ME)
+    Timeline(session.ctx).checkpoint("after", None, ME)
     stat_only = await session.command({"cmd": "diff", "b": "after", "stat": True})
     assert [f["path"] for f in stat_only["files"]] == ["notes.txt"]
     both = await session.command({"cmd": "diff", "b": "after", "stat": True, "all": True})
@@ -145,8 +144,8 @@ async def test_an_entry_of_many_files_reads_its_first_rows_and_shows_what_all_of
     put(ov, ME, "tmp.txt", b"t")
     ov.remove(ME, ROOT_INO, b"tmp.txt", False)  # made and removed: gone, not counted
     put(ov, OTHER, "README.md", b"other group")
-    Timeline(session).seal()
-    ck = session.store.read(lambda r: Timeline(session).get(r, 1))
+    Timeline(session.ctx).seal()
+    ck = session.store.read(lambda r: Timeline(session.ctx).get(r, 1))
     every = session.store.read(lambda r: groupfiles.files(r, ck))
     work = [f for f in every if not is_internal(f["path"])]
     internal = [f for f in every if is_internal(f["path"])]

@@ -17,7 +17,7 @@ import pytest
 
 from overlayckpt.core.transcripts import resume_command
 
-T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.timezone.utc)
+T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
 
 
 def at(seconds: float) -> str:

@@ -6,9 +6,9 @@ import threading
 
 import trio
 
+from overlayckpt.core.workers import off_loop, wait_idle
 from overlayckpt.errors import Stopped
 from overlayckpt.service.session import Session
-from overlayckpt.core.workers import off_loop, wait_idle
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.tables import META
 

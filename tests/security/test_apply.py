@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Mount, force_unmount, make_repo, run_cli, wait_daemon_gone, wait_for
+from core.helpers_core import ME, ino, put
 from helpers_users import User
 from overlayckpt.core.apply import TEMP_PREFIX, Applier, apply_checkpoint, apply_live
 from overlayckpt.errors import PartlyDone, UserError
@@ -32,7 +33,6 @@ from overlayckpt.records import ROOT_INO, Node, dirent_key, u64
 from overlayckpt.service.session import Session
 from overlayckpt.tables import DIRENTS, NODES
 
-from core.helpers_core import ME, ino, put
 from .conftest import assert_one_line, surroundings
 
 REG = stat.S_IFREG | 0o644
@@ -94,7 +94,7 @@ def test_a_name_that_is_not_one_component_is_refused_before_anything_is_written(
     before = surroundings(tmp_path, store)
     try:
         with pytest.raises(UserError) as e:
-            apply_live(s) if which == "live" else apply_checkpoint(s, latest(s))
+            apply_live(s.ctx) if which == "live" else apply_checkpoint(s.ctx, latest(s))
     finally:
         s.store.write(lambda w: w.delete(DIRENTS, key))
     msg = str(e.value)
@@ -150,7 +150,7 @@ def test_setuid_and_setgid_bits_from_the_store_are_never_granted(
     set_node(s, ino(s.overlay, "tool"), mode=stat.S_IFREG | 0o4777, uid=0, gid=0)
     set_node(s, ino(s.overlay, "README.md"), mode=stat.S_IFREG | 0o2755)
     before = surroundings(tmp_path, store, repo)
-    result = apply_live(s)
+    result = apply_live(s.ctx)
     assert stat.S_IMODE(os.lstat(repo / "tool").st_mode) == 0o777
     assert stat.S_IMODE(os.lstat(repo / "README.md").st_mode) == 0o755
     assert sorted(result["setid_dropped"]) == ["README.md", "tool"]
@@ -163,7 +163,7 @@ def test_a_setuid_bit_the_repo_file_had_is_kept(opened: Session, world: tuple[Pa
     s = Session.open(str(world[1]) + "-2", str(repo), create=True, window=1e9)
     try:
         put(s.overlay, ME, "run.sh", b"#!/bin/sh\necho changed\n")
-        result = apply_live(s)
+        result = apply_live(s.ctx)
     finally:
         s.close()
     assert stat.S_IMODE(os.lstat(repo / "run.sh").st_mode) == 0o4755
@@ -180,13 +180,13 @@ def test_special_files_are_refused_unless_asked(opened: Session, world: tuple[Pa
     put(s.overlay, ME, "plain.txt", b"plain\n")
     set_node(s, ino(s.overlay, "disk"), mode=kind | 0o6666, rdev=os.makedev(7, 0), size=0)
     before = surroundings(tmp_path, store, repo)
-    result = apply_live(s)
+    result = apply_live(s.ctx)
     assert not os.path.lexists(repo / "disk")
     assert [r["path"] for r in result["refused"]] == ["disk"]
     assert "--special" in result["refused"][0]["why"]
     assert (repo / "plain.txt").read_text() == "plain\n"
     assert result["written"] == 1  # the count is honest: plain.txt only
-    result = apply_live(s, special=True)
+    result = apply_live(s.ctx, special=True)
     st = os.lstat(repo / "disk")
     assert stat.S_IFMT(st.st_mode) == kind and stat.S_IMODE(st.st_mode) == 0o666  # no setid
     if kind in (stat.S_IFBLK, stat.S_IFCHR):
@@ -213,7 +213,7 @@ def test_a_damaged_node_is_refused_before_anything_is_written(
     before = surroundings(tmp_path, store)
     try:
         with pytest.raises(UserError) as e:
-            apply_live(s)
+            apply_live(s.ctx)
     finally:
         s.store.write(lambda w: w.put(NODES, u64(i), raw))
     assert words in str(e.value) and "nothing was written" in str(e.value)
@@ -232,7 +232,7 @@ def test_a_malformed_node_record_is_one_line(opened: Session, world: tuple[Path,
     before = surroundings(tmp_path, store)
     try:
         with pytest.raises(UserError) as e:
-            apply_live(s)
+            apply_live(s.ctx)
     finally:
         s.store.write(lambda w: w.put(NODES, u64(i), raw))
     assert "damaged file record" in str(e.value) and "run fsck" in str(e.value)
@@ -250,7 +250,7 @@ def test_root_keeps_each_files_owner(opened: Session, world: tuple[Path, Path, P
     ov.write(ME, i, 0, b"another user's secret\n")
     d, _ = ov.create(ME, ROOT_INO, b"theirs", stat.S_IFDIR | 0o700, 12345, 23456)
     ov.create(ME, d, b"ln", stat.S_IFLNK | 0o777, 12345, 23456, target=b"../secret")
-    apply_live(s)
+    apply_live(s.ctx)
     for name in ("secret", "theirs", "theirs/ln"):
         st = os.lstat(repo / name)
         assert (st.st_uid, st.st_gid) == (12345, 23456), name
@@ -364,7 +364,7 @@ def test_a_symlink_swapped_in_during_apply_is_never_followed(
             ov.write(ME, f, 0, b"v%03d\n" % n)  # (by inode: the repo's a/b is in flux)
             ov.write(ME, c, 0, b"v%03d\n" % n)
             try:
-                apply_live(s, force=True)
+                apply_live(s.ctx, force=True)
                 outcomes["applied"] += 1
                 # (each time: the next apply would replace a wrong link and hide it)
                 assert not inodes(repo) & outside_files, f"iteration {n}: hl is outside's f"
@@ -388,7 +388,7 @@ def test_hard_links_are_made_from_the_file_apply_wrote(opened: Session, world: t
     put(ov, ME, "a/b/new", b"linked\n")  # (new: see the report on a lower file's other names)
     ov.link(ME, ino(ov, "a/b/new"), ROOT_INO, b"hl")
     ov.link(ME, ino(ov, "a/b/new"), ino(ov, "a"), b"hl2")
-    apply_live(s)
+    apply_live(s.ctx)
     ids = {(os.lstat(p).st_dev, os.lstat(p).st_ino) for p in (repo / "a/b/new", repo / "hl", repo / "a/hl2")}
     assert len(ids) == 1 and (repo / "hl").read_bytes() == b"linked\n"
     assert os.lstat(repo / "hl").st_nlink == 3

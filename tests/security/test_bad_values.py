@@ -277,7 +277,7 @@ def test_mcp_answers_every_bad_line_as_json_rpc_says(hostile: Mount) -> None:
 
 # -- a mount we may not enter ----------------------------------------------------------------
 
-def test_a_mount_we_may_not_search_says_permission_denied(user) -> None:  # type: ignore[no-untyped-def]
+def test_a_mount_we_may_not_search_says_permission_denied(user) -> None:
     base = Path(tempfile.mkdtemp(prefix="ockt-perm-"))
     os.chmod(base, 0o755)
     m = Mount(make_repo(base / "repo"), base / "mnt", base / "store")

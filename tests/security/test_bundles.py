@@ -24,14 +24,13 @@ import trio
 import zstandard
 
 from conftest import CLI, run_cli
-from security.conftest import assert_one_line, surroundings
-
 from core.helpers_core import ME, ino, make_small_repo
 from overlayckpt.core.maintenance import fsck
 from overlayckpt.records import ROOT_INO, Node, pack_obj, u64
 from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import Store
 from overlayckpt.tables import DIRENTS, META, NODES, PARENT_KEY
+from security.conftest import assert_one_line, surroundings
 
 RSS_MB = 300  # the peak a refused import may reach (an import of nothing is ~60 MB here)
 SECONDS = 60  # (they take about a second each)

@@ -21,7 +21,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ def abort(mnt: Path) -> None:
 def bounded(argv: list[str], mnt: Path, **kw: object) -> subprocess.CompletedProcess[str]:
     """argv in a subprocess that must end within PROBE_TIMEOUT; if it does not, the mount
     is aborted and the test fails."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]  # **kw: no overload is picked
     try:
         out, err = proc.communicate(timeout=PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
