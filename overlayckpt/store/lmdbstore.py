@@ -966,9 +966,12 @@ def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
             yield name.decode(), copied, error
         found = 0
         for digest, raw in scan_blocks(os.path.join(src, synced.DATA_NAME), out):
-            if out.read(lambda r, d=digest: r.get(BLOCKS, d)) is None:
-                out.write(lambda w, d=digest, v=raw: w.put(BLOCKS, d, v))
-                found += 1
+            def put_new(w: WriteTxn, d: bytes = digest, v: bytes = raw) -> bool:
+                if w.get(BLOCKS, d) is not None:
+                    return False
+                w.put(BLOCKS, d, v)
+                return True
+            found += out.write(put_new)
         yield "blocks (scan)", found, None
 
         def drop_derived(w: WriteTxn) -> None:
@@ -1016,7 +1019,7 @@ def scan_blocks(data_path: str, store: Store) -> Iterator[tuple[bytes, bytes]]:
             digest, raw = _whole(key, value)
             try:
                 content = store.decode_block(raw)
-            except Exception:  # noqa: BLE001 - not a block, or a damaged one
+            except Exception:  # not a block, or a damaged one
                 continue
             if blake3.blake3(content).digest() == digest:
                 yield digest, raw

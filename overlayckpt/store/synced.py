@@ -33,6 +33,7 @@ import errno
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import blake3
 
@@ -77,7 +78,7 @@ def incarnation(store_dir: str) -> str:
 
 _STATX_MNT_ID, _STATX_MNT_ID_UNIQUE = 0x1000, 0x4000
 _STX_MNT_ID_AT = 0x90  # in struct statx (256 bytes)
-_statx = None
+_statx: Any = None  # libc's statx (ctypes), False where libc has none, None before the first use
 
 
 def mount_id(path: str) -> str:
@@ -89,11 +90,11 @@ def mount_id(path: str) -> str:
         try:
             fn = ctypes.CDLL(None, use_errno=True).statx
         except (OSError, AttributeError):
-            fn = False
+            _statx = False
         else:
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
                            ctypes.c_void_p]
-        _statx = fn
+            _statx = fn
     if not _statx:
         return ""
     buf = ctypes.create_string_buffer(256)
