@@ -125,8 +125,8 @@ def test_the_package_is_layered() -> None:
 def test_function_level_and_type_checking_imports_count() -> None:
     """The circles of the flat package hid in exactly these: make sure they are read."""
     graph = package_graph()
-    # session.py imports apply inside Session.open
-    assert "overlayckpt.core.apply" in graph["overlayckpt.service.session"]
+    # session.py imports pins inside Session.open
+    assert "overlayckpt.core.pins" in graph["overlayckpt.service.session"]
     # cli/app.py imports cli.timeline inside build_parser
     assert "overlayckpt.cli.timeline" in graph["overlayckpt.cli.app"]
 

@@ -5,10 +5,8 @@ ancestors of every inode with a node record and of every directory with
 dirents), so apply costs what changed, not the size of the repo.
 
 Before apply changes or removes any entry of the repo as the session first
-saw it, that entry is *pinned*: its attributes, its content (as blocks) or its
-listing go into the `pinned` table, and lower.py answers for that path from
-the pin from then on. So every checkpoint that still refers to the original
-repo keeps seeing it exactly, after any number of applies.
+saw it, that entry is pinned (core/pins.py), so every checkpoint that still
+refers to the original repo keeps seeing it exactly, after any number of applies.
 
 The session's store is untrusted here (a bundle from another machine, a damaged
 store, another user writing in an --allow-other mount), and so is the repo
@@ -37,14 +35,14 @@ import errno
 import os
 import secrets
 import stat
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from overlayckpt.core import history
+from overlayckpt.core.conflicts import refuse_conflicts, remember_repo
 from overlayckpt.core.context import Context
-from overlayckpt.core.lower import Pin, PinLookup, PinStat, join, lstat_beneath, openat2_beneath
-from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
+from overlayckpt.core.lower import join, openat2_beneath
+from overlayckpt.core.pins import pin
 from overlayckpt.errors import FsError, PartlyDone, UserError
 from overlayckpt.names import check_file_name, is_file_name, quote_path
 from overlayckpt.records import (
@@ -55,15 +53,10 @@ from overlayckpt.records import (
     WHITEOUT,
     Node,
     from_u64,
-    lower_ino,
-    pack_obj,
-    path_cut,
-    path_key,
-    unpack_obj,
 )
 from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.store.synced import pwrite_all
-from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, PINNED, SEEN, SEQ_KEY
+from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, SEQ_KEY
 
 TEMP_PREFIX = b".overlayckpt-apply-"  # + random hex: a temp name is never derived from input
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -94,50 +87,6 @@ def shown_paths(paths: list[str]) -> str:
     return first + (f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else "")
 
 
-def pin_key(path: bytes) -> bytes:
-    return path_key(b"/", path)  # LMDB keys cannot be empty, and the root's path is b""
-
-
-def pinned_path(key: bytes, rec: dict[str, Any]) -> bytes:
-    """The path of the pin at key (rec: its record, which keeps a path too long for a key)."""
-    return rec["path"] if path_cut(key, 1) else key[1:]
-
-
-def pin_lookup(store: Store) -> PinLookup | None:
-    if store.read(lambda r: r.count(PINNED)) == 0:
-        return None
-    bs = store.block_size
-
-    def lookup(path: bytes) -> Pin | None:
-        raw = store.read(lambda r: r.get(PINNED, pin_key(path)))
-        if raw is None:
-            return None
-        rec = unpack_obj(raw)
-        st = PinStat(*rec["st"])
-        read: Callable[[int, int], bytes] | None = None
-        if rec.get("blocks") is not None:
-            blocks: list[bytes] = rec["blocks"]
-            size = st.st_size
-
-            def read_pinned(n: int, off: int) -> bytes:
-                end = min(size, off + n)
-                if off >= end:
-                    return b""
-                out = []
-                pos = off
-                while pos < end:
-                    b = pos // bs
-                    stop = min(end, (b + 1) * bs)
-                    data = store.read(lambda r: r.block(blocks[b]))  # noqa: B023  (called at once)
-                    out.append(data[pos - b * bs:stop - b * bs])
-                    pos = stop
-                return b"".join(out)
-            read = read_pinned
-        entries = rec.get("entries")
-        return Pin(st, None if entries is None else set(entries), read, rec.get("target"), rec.get("xattrs") or {})
-    return lookup
-
-
 class Applier:
     def __init__(self, ctx: Context, special: bool = False) -> None:
         self.ctx = ctx
@@ -165,44 +114,7 @@ class Applier:
 
     def _pin(self, path: bytes, recursive: bool) -> None:
         """Keep the original lower entry at path in the store before it changes."""
-        store = self.ctx.store
-        if store.read(lambda r: r.get(PINNED, pin_key(path))) is not None:
-            return
-        try:
-            st = self.lower.stat(path)  # the original (already pinned parts answer from pins)
-        except FsError:
-            return  # not part of the original lower: nothing to keep
-        if self.lower.pins is not None and self.lower.pins(path) is not None:
-            return
-        rec: dict[str, Any] = {"st": PinStat.fields(st), "xattrs": self.lower.xattrs(path)}
-        if stat.S_ISDIR(st.st_mode):
-            entries = self.lower.listdir(path)
-            rec["entries"] = [name for name, _ in entries]
-            if recursive:
-                for name, _ in entries:
-                    self._pin(join(path, name), True)
-        elif stat.S_ISLNK(st.st_mode):
-            rec["target"] = self.lower.readlink(path)
-        elif stat.S_ISREG(st.st_mode):
-            f = self.lower.open_file(path)
-            try:
-                bs = store.block_size
-                blocks: list[bytes] = []
-                for off in range(0, st.st_size, bs):
-                    data = f.pread(bs, off)
-                    data += bytes(bs - len(data))
-                    blocks.append(store.write(lambda w: w.put_block(data)))  # noqa: B023  (called at once)
-                rec["blocks"] = blocks
-            finally:
-                f.close()
-        key = pin_key(path)
-        if path_cut(key, 1):
-            rec["path"] = path
-        raw = pack_obj(rec)
-        store.write(lambda w: w.put(PINNED, key, raw))
-        self.stats["pinned"] += 1
-        if self.lower.pins is None:
-            self.lower.pins = pin_lookup(store)
+        self.stats["pinned"] += pin(self.ctx.store, self.lower, path, recursive)
 
     def _pinned(self, path: bytes) -> bool:
         """Whether the repo at path may differ from the original (an earlier apply changed it)."""
@@ -305,76 +217,13 @@ class Applier:
         return PartlyDone(f"apply stopped at {where}: {why}; {done}; fix that and run apply again",
                           details)
 
-    # -- conflicts with changes made to the repo itself -------------------------
-
-    def _seen(self) -> list[tuple[bytes, list[int]]]:
-        def fn(r: ReadTxn) -> list[tuple[bytes, list[Any]]]:
-            records = ((k, unpack_obj(v)) for k, v in r.range_from(SEEN))
-            return [(seen_path(k, rec), rec) for k, rec in records]
-        return self.ctx.store.read(fn)
+    # -- conflicts with changes made to the repo itself (core/conflicts.py) ------
 
     def refuse_conflicts(self, state: Any) -> None:
-        """Refuse to overwrite a file that changed in the repo since the session first
-        changed it, unless the result would be the same bytes anyway."""
-        conflicts = []
-        for path, seen in self._seen():
-            real = lstat_beneath(self.fd, path)
-            if seen[:3] != seen_fingerprint(real):
-                why = self._conflict(state, path, seen, real)
-                if why is not None:
-                    conflicts.append(why)
-        if conflicts:
-            more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
-            raise UserError(f"the repo itself changed since the session first changed these "
-                            f"files ({'; '.join(conflicts[:3])}{more}): applying would overwrite "
-                            "that; save those changes, or apply --force")
-
-    def _conflict(self, state: Any, path: bytes, seen: list[Any], real: os.stat_result | None
-                  ) -> str | None:
-        """What differs in the repo's copy of path (None: nothing an apply would lose)."""
-        name = os.fsdecode(path)
-        if real is None:
-            return f"{name} was removed in the repo"
-        if not stat.S_ISREG(real.st_mode):
-            return f"{name} is no longer a regular file in the repo"
-        if len(seen) > 3 and repo_digest(self.fd, path, real.st_size) == seen[3]:
-            return None  # rewritten with the same content (a git index: the same entries)
-        try:
-            live_ino = self.ov.resolve(state, name)
-            node: Node | None = self.ov.node(state, live_ino)
-        except FsError:
-            node = None
-        if node is not None and node.is_reg and node.size == real.st_size:
-            fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_NONBLOCK)  # (a fifo: never wait)
-            try:
-                if self._same_content(fd, state, live_ino, node):
-                    return None
-            finally:
-                os.close(fd)
-        if is_git_index(path) and len(seen) > 3:
-            return f"{name} stages other entries in the repo than when the session began"
-        how = [f"size {seen[1]} -> {real.st_size} bytes"] if seen[1] != real.st_size else []
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(real.st_mtime_ns / 1e9))
-        how.append(f"modified {when}" if seen[2] != real.st_mtime_ns else "replaced")
-        return f"{name} changed in the repo after the session changed it ({', '.join(how)})"
+        refuse_conflicts(self.ctx.store, self.fd, self.ov, state, self._same_content)
 
     def remember_repo(self) -> None:
-        """After an apply the repo holds what we wrote: that is what later applies compare with."""
-        updates = []
-        for path, _ in self._seen():
-            st = lstat_beneath(self.fd, path)
-            record: list[Any] = seen_fingerprint(st)
-            try:
-                digest = repo_digest(self.fd, path, st.st_size) if st and stat.S_ISREG(st.st_mode) else None
-            except (FsError, OSError):  # gone or replaced since: the next apply sees the change
-                digest = None
-            key = seen_key(path)
-            updates.append((key, seen_value(key, path, record + ([digest] if digest else []))))
-
-        def fn(w: Any) -> None:
-            for key, value in updates:
-                w.put(SEEN, key, value)
-        self.ctx.store.write(fn)
+        remember_repo(self.ctx.store, self.fd)
 
     def lower_reset(self) -> None:
         self.lower.forget_cached()
@@ -705,11 +554,6 @@ class Applier:
 
 CHUNK = 1 << 20
 _ZEROS = bytes(CHUNK)
-
-
-def seen_fingerprint(st: os.stat_result | None) -> list[int]:
-    """What `seen` records of a repo entry: inode, size, mtime; zeros for no entry."""
-    return [lower_ino(st.st_ino), st.st_size, st.st_mtime_ns] if st is not None else [0, 0, 0]
 
 
 def apply_live(ctx: Context, force: bool = False, special: bool = False) -> dict[str, Any]:

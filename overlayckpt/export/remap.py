@@ -8,7 +8,7 @@ import os
 import stat
 from typing import Any
 
-from overlayckpt.core.apply import seen_fingerprint
+from overlayckpt.core.pins import seen_fingerprint
 from overlayckpt.errors import UserError
 from overlayckpt.export.identity import entry_identity, identities
 from overlayckpt.records import (

@@ -121,7 +121,7 @@ class Session:
                 store.close()
                 raise UserError(f"{store_dir} is not an overlayckpt session store")
         try:
-            from overlayckpt.core.apply import pin_lookup
+            from overlayckpt.core.pins import pin_lookup
             lower = Lower(repo, pin_lookup(store), warm=warm)
         except Exception:
             store.close()
@@ -156,7 +156,7 @@ class Session:
     @classmethod
     def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> Session:
         """The session as a reader process sees it beside its daemon: read-only."""
-        from overlayckpt.core.apply import pin_lookup
+        from overlayckpt.core.pins import pin_lookup
         store = ReaderStore(store_dir)
         lower = Lower(repo, pin_lookup(store), fd=repo_fd)
         overlay = Overlay(store, lower)
