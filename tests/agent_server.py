@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +49,9 @@ class ScriptedModel:
         # which requests are the agent's own turns: those offering tools, unless a test
         # says otherwise (Aider offers none: its edits are text)
         self.is_turn: Callable[[dict[str, Any]], bool] = lambda body: bool(body.get("tools"))
+        # seconds a turn's answer takes, as a real model's does: an agent without hooks
+        # is grouped by its quiet between calls (the mount's --window)
+        self.delay = 0.0
         self.script: list[Step] = []
         self.requests: list[dict[str, Any]] = []  # every body received, in order
         self.turns: list[dict[str, Any]] = []  # the bodies that got a scripted step
@@ -74,6 +78,7 @@ class ScriptedModel:
                 return [{"type": "text", "text": "ok"}]
             self.turns.append(body)
             step = self.script.pop(0)
+        time.sleep(self.delay)
         if isinstance(step, str):
             return [{"type": "text", "text": step}]
         name, tool_input = step
