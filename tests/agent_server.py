@@ -52,6 +52,7 @@ class ScriptedModel:
         # seconds a turn's answer takes, as a real model's does: an agent without hooks
         # is grouped by its quiet between calls (the mount's --window)
         self.delay = 0.0
+        self.aside = "ok"  # the answer to other requests (titles, summaries, commit messages)
         self.script: list[Step] = []
         self.requests: list[dict[str, Any]] = []  # every body received, in order
         self.turns: list[dict[str, Any]] = []  # the bodies that got a scripted step
@@ -75,7 +76,7 @@ class ScriptedModel:
         with self.lock:
             self.requests.append(body)
             if not self.script or not self.is_turn(body):
-                return [{"type": "text", "text": "ok"}]
+                return [{"type": "text", "text": self.aside}]
             self.turns.append(body)
             step = self.script.pop(0)
         time.sleep(self.delay)
