@@ -16,9 +16,10 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ class ScriptedModel:
         self.thread = threading.Thread(target=server.serve_forever, daemon=True)
         self.thread.start()
 
-    def play(self, script: list[Step]) -> None:
+    def play(self, script: Sequence[Step]) -> None:
         with self.lock:
             self.script = list(script)
 
@@ -178,7 +179,7 @@ def _stream(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
         "stop_reason": None, "stop_sequence": None, "usage": usage}})]
     for i, block in enumerate(blocks):
         if block["type"] == "text":
-            start = {"type": "text", "text": ""}
+            start: dict[str, Any] = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
         else:
             start = {**block, "input": {}}

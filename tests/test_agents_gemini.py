@@ -29,7 +29,7 @@ def gemini() -> Path:
 def run_gemini(gemini: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
     # an explicit model: without one, Gemini asks a classifier model (JSON) which to route to
     proc = subprocess.run([str(gemini), "--skip-trust", "--yolo", "-m", "gemini-2.5-flash", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+                          env=env, capture_output=True, text=True, timeout=180, check=False, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"gemini failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 

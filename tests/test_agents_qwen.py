@@ -28,7 +28,8 @@ def qwen() -> Path:
 
 def run_qwen(qwen: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
     proc = subprocess.run([str(qwen), "--auth-type", "openai", "-m", "scripted", "--approval-mode", "yolo", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180, check=False,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"qwen failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
