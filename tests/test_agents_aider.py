@@ -69,7 +69,9 @@ def test_an_aider_session_is_one_checkpoint_per_message(aider: Path, model: Scri
     git(repo, "commit", "-qm", "start", env=env)
     m: Mount = mount_factory(repo)
     env["PWD"] = str(m.mnt)
-    # Aider asks the same model for its commit messages: those are not turns
+    # Aider asks the same model for its commit messages: those are not turns. Answered at
+    # once: a commit message slower than the mount's window (1 s) splits a message into
+    # its edits and its commit (two checkpoints), as with a real model today
     model.is_turn = lambda body: "commit message" not in json.dumps(body.get("messages", [])[:1])
     model.aside = COMMIT
     for prompt, answer, after in MESSAGES:
