@@ -37,11 +37,17 @@ test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/core
 
 # The real agent CLIs for tests/test_agents_*.py, pinned, from npm into .agents/ (node and
-# npm from Debian). The tests install them this way themselves when they are missing.
+# npm from Debian), Aider from PyPI into a venv of its own (.agents/aider-venv: it pins
+# many packages). The tests install them this way themselves when they are missing.
 AGENTS := .agents
 CLAUDE_CODE := @anthropic-ai/claude-code@2.1.197
 CODEX := @openai/codex@0.171.0
-AGENT_STAMP := $(AGENTS)/.installed-$(subst /,_,$(CLAUDE_CODE)-$(CODEX))
+GEMINI_CLI := @google/gemini-cli@0.61.0
+QWEN_CODE := @qwen-code/qwen-code@0.15.10
+OPENCODE := opencode-ai@1.18.33
+AIDER := aider-chat==0.86.2
+NPM_AGENTS := $(CLAUDE_CODE) $(CODEX) $(GEMINI_CLI) $(QWEN_CODE) $(OPENCODE)
+AGENT_STAMP := $(AGENTS)/.installed-$(shell echo '$(NPM_AGENTS) $(AIDER)' | cksum | cut -d' ' -f1)
 
 agents: $(AGENT_STAMP)
 
@@ -49,13 +55,19 @@ $(AGENT_STAMP):
 	@command -v npm >/dev/null || { echo "installing Debian packages: nodejs npm"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
 	mkdir -p $(AGENTS)
-	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(CLAUDE_CODE) $(CODEX)
+	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(NPM_AGENTS)
 	$(AGENTS)/node_modules/.bin/claude --version
 	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/codex --version
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/gemini --version
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/qwen --version
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/node_modules/.bin/opencode --version
+	python3 -m venv $(AGENTS)/aider-venv
+	$(AGENTS)/aider-venv/bin/pip install -q --disable-pip-version-check $(AIDER)
+	HOME=$(CURDIR)/$(AGENTS) $(AGENTS)/aider-venv/bin/aider --version
 	touch $(AGENT_STAMP)
 
 test-agents: install agents
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_agents_claude.py tests/test_agents_codex.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_agents_*.py
 
 stress: install
 	$(PY) -m pytest -q -p no:cacheprovider -m stress tests

@@ -1,6 +1,8 @@
 """A scripted stand-in for the model APIs on 127.0.0.1, for the real agent CLIs: the
-Anthropic Messages API (Claude Code) and the OpenAI Responses API (Codex), streamed
-as server-sent events as the agents ask.
+Anthropic Messages API (Claude Code), the OpenAI Responses API (Codex), the Gemini API
+(`models/M:streamGenerateContent`, `:generateContent`, `:countTokens`: Gemini CLI) and
+OpenAI Chat Completions (qwen-code, opencode, Aider), streamed as server-sent events or
+not, as the agents ask.
 
 Every request that offers tools (the agent's own turn) gets the next step of the
 script: a tool call (name, input) or, at the end, a final text. Other requests
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,16 +26,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def agent_cli(name: str) -> Path:
-    """An agent CLI pinned in the Makefile; installed by `make agents` if missing, the
-    test skipped only if that fails (no network)."""
-    path = ROOT / ".agents" / "node_modules" / ".bin" / name
+def agent_cli(name: str, path: Path | None = None) -> Path:
+    """An agent CLI pinned in the Makefile (.agents/node_modules/.bin/NAME, or path);
+    installed by `make agents` if missing, the test skipped only if that fails (no
+    network)."""
+    path = path or ROOT / ".agents" / "node_modules" / ".bin" / name
     if not path.exists():
         proc = subprocess.run(["make", "-C", str(ROOT), "agents"], capture_output=True, text=True,
                               timeout=600)
         if proc.returncode != 0 or not path.exists():
             last = (proc.stderr.strip() or proc.stdout.strip() or "?").splitlines()[-1]
-            pytest.skip(f"{name} could not be installed from npm (`make agents`): {last}")
+            pytest.skip(f"{name} could not be installed (`make agents`): {last}")
     return path
 
 # a tool call (name, JSON input; for a Responses custom tool such as Codex's apply_patch,
@@ -42,6 +47,13 @@ Step = tuple[str, dict[str, Any] | str] | str
 class ScriptedModel:
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # which requests are the agent's own turns: those offering tools, unless a test
+        # says otherwise (Aider offers none: its edits are text)
+        self.is_turn: Callable[[dict[str, Any]], bool] = lambda body: bool(body.get("tools"))
+        # seconds a turn's answer takes, as a real model's does: an agent without hooks
+        # is grouped by its quiet between calls (the mount's --window)
+        self.delay = 0.0
+        self.aside = "ok"  # the answer to other requests (titles, summaries, commit messages)
         self.script: list[Step] = []
         self.requests: list[dict[str, Any]] = []  # every body received, in order
         self.turns: list[dict[str, Any]] = []  # the bodies that got a scripted step
@@ -52,7 +64,7 @@ class ScriptedModel:
         self.thread = threading.Thread(target=server.serve_forever, daemon=True)
         self.thread.start()
 
-    def play(self, script: list[Step]) -> None:
+    def play(self, script: Sequence[Step]) -> None:
         with self.lock:
             self.script = list(script)
 
@@ -64,10 +76,11 @@ class ScriptedModel:
         """The content blocks to answer one request with."""
         with self.lock:
             self.requests.append(body)
-            if not body.get("tools") or not self.script:
-                return [{"type": "text", "text": "ok"}]
+            if not self.script or not self.is_turn(body):
+                return [{"type": "text", "text": self.aside}]
             self.turns.append(body)
             step = self.script.pop(0)
+        time.sleep(self.delay)
         if isinstance(step, str):
             return [{"type": "text", "text": step}]
         name, tool_input = step
@@ -105,6 +118,48 @@ def _responses_stream(model: str, blocks: list[dict[str, Any]]) -> bytes:
     return b"".join(out)
 
 
+def _gemini_response(model: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One GenerateContentResponse (Gemini sends no call ids: the CLI makes its own)."""
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if block["type"] == "text":
+            parts.append({"text": block["text"]})
+        else:
+            parts.append({"functionCall": {"name": block["name"], "args": block["input"]}})
+    return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+            "modelVersion": model, "responseId": "e2e"}
+
+
+def _chat_message(blocks: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """A Chat Completions assistant message for one reply, and its finish reason."""
+    text = "".join(b["text"] for b in blocks if b["type"] == "text")
+    calls = [{"id": b["id"], "type": "function",
+              "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+             for b in blocks if b["type"] == "tool_use"]
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message, "tool_calls" if calls else "stop"
+
+
+def _chat_stream(model: str, blocks: list[dict[str, Any]]) -> bytes:
+    message, finish = _chat_message(blocks)
+    head = {"id": "chatcmpl-e2e", "object": "chat.completion.chunk", "created": 0, "model": model}
+
+    def chunk(delta: dict[str, Any], reason: str | None = None, **extra: Any) -> bytes:
+        data = dict(head, choices=[{"index": 0, "delta": delta, "finish_reason": reason}], **extra)
+        return f"data: {json.dumps(data)}\n\n".encode()
+    out = [chunk({"role": "assistant", "content": ""})]
+    if message["content"]:
+        out.append(chunk({"content": message["content"]}))
+    for i, call in enumerate(message.get("tool_calls", [])):
+        out.append(chunk({"tool_calls": [dict(call, index=i)]}))
+    out.append(chunk({}, finish, usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}))
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -125,7 +180,7 @@ def _stream(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
     for i, block in enumerate(blocks):
         start: dict[str, Any]
         if block["type"] == "text":
-            start = {"type": "text", "text": ""}
+            start: dict[str, Any] = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
         else:
             start = {**block, "input": {}}
@@ -165,6 +220,30 @@ def _handler(owner: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {}
+            path = self.path.split("?")[0]
+            if path.endswith(":countTokens"):
+                self._send(200, "application/json", b'{"totalTokens": 10}')
+                return
+            if path.endswith((":streamGenerateContent", ":generateContent")):
+                model = path.rsplit("/", 1)[-1].split(":")[0]
+                answer = _gemini_response(model, owner.reply(body))
+                if path.endswith(":generateContent"):
+                    self._send(200, "application/json", json.dumps(answer).encode())
+                else:
+                    self._send(200, "text/event-stream", f"data: {json.dumps(answer)}\r\n\r\n".encode())
+                return
+            if path.endswith("/chat/completions"):
+                model = str(body.get("model", "scripted"))
+                blocks = owner.reply(body)
+                if body.get("stream"):
+                    self._send(200, "text/event-stream", _chat_stream(model, blocks))
+                else:
+                    message, finish = _chat_message(blocks)
+                    answer = {"id": "chatcmpl-e2e", "object": "chat.completion", "created": 0, "model": model,
+                              "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                              "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                    self._send(200, "application/json", json.dumps(answer).encode())
+                return
             if self.path.split("?")[0].endswith("/count_tokens"):
                 self._send(200, "application/json", b'{"input_tokens": 10}')
                 return
