@@ -180,7 +180,7 @@ def _stream(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
     for i, block in enumerate(blocks):
         start: dict[str, Any]
         if block["type"] == "text":
-            start: dict[str, Any] = {"type": "text", "text": ""}
+            start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
         else:
             start = {**block, "input": {}}
