@@ -495,6 +495,7 @@ class Overlayckpt(Contender):
         if self._send is None:
             return self.restore_cli(ckpt)
         reply = self._ctl({"cmd": "restore", "id": int(ckpt)})
+        self.last_restore = reply  # (its took_ms: bench's restore_delta reports the phases)
         if reply.get("warnings"):
             self.notes.append(f"restore {ckpt} warned: {reply['warnings'][:3]}")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.contenders import Contender
+from bench.contenders import Contender, ContenderError
 from bench.gen import BIG_FILE, BIG_FILE_SIZE, Repo, text_blob, vocabulary
 
 Samples = dict[str, list[int]]
@@ -660,6 +660,119 @@ class Restore(Workload):
             ctx.tick(1)
 
 
+class RestoreDelta(Workload):
+    """Restore cost against the size of what differs (SPEC 6: a 20,000-file restore
+    at most 2x a 100-file one, both <= 100 ms at 100k files): checkpoints base ->
+    100 files edited in place -> BIG files edited in place -> the same BIG files
+    replaced by atomic saves (new inodes, so every name changed), then restores
+    walking that chain down and up, so each restore crosses one delta, the small and
+    big ones alternated. After each, a metadata walk of the whole tree (every name
+    lstat'ed): what the restore left the next reader to pay. The reply's phases
+    (took_ms) go into the results' extra "restore_delta"."""
+
+    name = "restore_delta"
+    only_checkpoint = True
+    iterations = (2, 5)
+    rounds = (2, 5)
+    SMALL = 100
+    BIG = 20_000
+
+    def wanted(self, ctx):
+        return len(ctx.repo.files) >= 4 * self.SMALL
+
+    def setup(self, ctx):
+        files = [p for p, _ in ctx.repo.files]
+        random.Random(17).shuffle(files)
+        self.big_n = min(self.BIG, len(files) - 2 * self.SMALL)
+        self.small = files[:self.SMALL]
+        self.big = files[self.SMALL:self.SMALL + self.big_n]
+        self.chain: dict[str, list[str]] = {}
+        self.phases: dict[str, dict[str, list[float]]] = {}
+
+    @staticmethod
+    def _edit(root: Path, rel: str, tag: bytes) -> None:
+        fd = os.open(root / rel, os.O_WRONLY)
+        try:
+            os.pwrite(fd, tag, 0)  # (in place: same inode, same name, new content)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _save(root: Path, rel: str, tag: bytes) -> None:
+        path = root / rel
+        data = tag + path.read_bytes()[len(tag):]
+        tmp = path.with_name(path.name + ".delta~")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)  # (an editor's or formatter's save: a new inode under the name)
+
+    def prepare(self, c, ctx):
+        root = c.root
+        chain = [c.checkpoint()]
+        for rel in self.small:
+            self._edit(root, rel, b"/* delta small */\n")
+        chain.append(c.checkpoint())
+        for i, rel in enumerate(self.big):
+            self._edit(root, rel, b"/* delta big */\n")
+            if i % 1000 == 0:
+                ctx.tick(0)
+        chain.append(c.checkpoint())
+        for i, rel in enumerate(self.big):
+            self._save(root, rel, b"/* delta save */\n")
+            if i % 1000 == 0:
+                ctx.tick(0)
+        chain.append(c.checkpoint())
+        self.chain[c.name] = chain  # base, small, big edits, big saves
+        self._walk(root)
+
+    @staticmethod
+    def _walk(root: Path) -> int:
+        n = 0
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in filenames:
+                os.lstat(os.path.join(dirpath, name))
+                n += 1
+        return n
+
+    def _check(self, c, rel: str, tag: bytes | None) -> None:
+        """rel starts with tag (None: with none of the tags) after a restore."""
+        with open(c.root / rel, "rb") as f:
+            head = f.read(32)
+        if head.startswith(b"/* delta") if tag is None else not head.startswith(tag):
+            raise ContenderError(f"{c.name}: {rel} starts with {head!r} after a restore "
+                                 f"(want {tag!r})")
+
+    def run(self, c, ctx, start, count, out):
+        base, small, edits, saves = self.chain[c.name]
+        big = f"{self.big_n}"
+        # (from, to, metric, a file and what it must start with afterwards)
+        steps = [(edits, f"edit_{big}", self.big[0], b"/* delta big */"),
+                 (small, f"edit_{big}", self.big[1], None),
+                 (base, f"edit_{self.SMALL}", self.small[0], None),
+                 (small, f"edit_{self.SMALL}", self.small[1], b"/* delta small */"),
+                 (edits, f"edit_{big}", self.big[2], b"/* delta big */"),
+                 (saves, f"save_{big}", self.big[3], b"/* delta save */")]
+        for _ in range(count):
+            for target, what, rel, tag in steps:
+                t0 = now()
+                c.restore(target)
+                _add(out, f"restore_delta_{what}", now() - t0)
+                reply = getattr(c, "last_restore", None) or {}
+                for phase, ms in (reply.get("took_ms") or {}).items():
+                    self.phases.setdefault(what, {}).setdefault(phase, []).append(ms)
+                self._check(c, rel, tag)
+                t0 = now()
+                self._walk(c.root)
+                _add(out, f"walk_after_restore_{what}", now() - t0)
+            ctx.tick(1)
+
+    def finish(self, c, ctx):
+        med = {what: {ph: sorted(v)[len(v) // 2] for ph, v in phases.items()}
+               for what, phases in self.phases.items()}
+        ctx.extra.setdefault("restore_delta", {})[c.name] = {
+            "big_files": self.big_n, "small_files": self.SMALL, "took_ms_p50": med}
+        self.phases = {}
+
+
 class HistoryLength(Workload):
     """Small edit, checkpoint and restore 10 back with H checkpoints already recorded."""
 
@@ -730,6 +843,7 @@ def all_workloads() -> list[Workload]:
         Fork(0),
         Checkpoint(),
         Restore(),
+        RestoreDelta(),
         HistoryLength(1),
         Fork(1),
         Stall(),

@@ -14,6 +14,7 @@ store that was not closed is checked at the next open), and the process exits.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -62,10 +63,13 @@ def mount_options(allow_other: bool) -> set[str]:
     return opts
 
 
-def kernel_status() -> dict[str, Any]:
-    """What the status command shows of the kernel side (fuse/kcache.py)."""
-    return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead(),
-            "dir_attrs_from_c": kcache.dir_attrs_answered()}
+# A restore that changed more names than this drops every name the kernel holds at
+# once (FUSE_NOTIFY_INC_EPOCH) rather than one notification per name: the kernel then
+# looks each name up again at its next use, which a small restore would pay for the
+# whole tree instead of for its own few names.
+EPOCH_ABOVE = 1024
+# "entries" forces the entry-by-entry path (to compare the two side by side)
+INVALIDATION_ENV = "OVERLAYCKPT_KERNEL_INVALIDATION"
 
 
 class Kernel:
@@ -73,18 +77,56 @@ class Kernel:
 
     def __init__(self, mountpoint: str) -> None:
         self.mountpoint = mountpoint
+        self.epoch = False  # whether the kernel takes FUSE_NOTIFY_INC_EPOCH (probe_epoch)
+
+    def probe_epoch(self) -> None:
+        """Once mounted: whether this kernel (6.16+) drops every name at once. The probe
+        is a real epoch bump, which costs nothing before anything is looked up."""
+        if os.environ.get(INVALIDATION_ENV) == "entries":
+            return
+        err = kcache.notify_inc_epoch()
+        self.epoch = err == 0
+        if err and err != errno.ENOTCONN:
+            log.info("kernel refuses FUSE_NOTIFY_INC_EPOCH (%s): names are invalidated one "
+                     "by one", os.strerror(err))
+
+    def status(self) -> dict[str, Any]:
+        """What the status command shows of the kernel side (fuse/kcache.py)."""
+        return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead(),
+                "dir_attrs_from_c": kcache.dir_attrs_answered(),
+                "kernel_invalidation": "epoch" if self.epoch else "entries"}
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
-        """Drop kernel caches of what a restore changed (in a thread: the kernel
-        may have to write dirty pages back to us before it can drop them), and the
-        directory attributes C answers with."""
+        """Drop kernel caches of what a restore changed (in a thread: the kernel may
+        have to write dirty pages back to us before it can drop them), and the
+        directory attributes C answers with.
+
+        Names: one by one, or for a big change all at once by bumping the connection's
+        epoch (every dentry, negative ones too, is looked up again at its next use).
+        The epoch leaves attributes, pages and listings alone, so every inode whose
+        attributes, content or listing changed is still invalidated (in C, one system
+        call each, without the GIL)."""
         kcache.drop_dir_attrs()
         def run() -> None:
-            for parent, name in entries:
+            names = entries
+            if self.epoch and len(entries) > EPOCH_ABOVE:
+                err = kcache.notify_inc_epoch()
+                if err == 0:
+                    names = []
+                else:  # (not expected once the probe passed: back to names, for good)
+                    log.warning("FUSE_NOTIFY_INC_EPOCH failed (%s): names are invalidated "
+                                "one by one", os.strerror(err))
+                    self.epoch = False
+            for parent, name in names:
                 try:
                     pyfuse3.invalidate_entry(parent, name)
                 except OSError:
                     pass  # the kernel never cached it
+            try:
+                if kcache.notify_inval_inodes(inodes) is not None:
+                    return
+            except OSError as e:  # (the mount went away: pyfuse3 says the same per inode)
+                log.warning("invalidating %d inodes in C failed: %s", len(inodes), e)
             for ino in inodes:
                 try:
                     pyfuse3.invalidate_inode(ino)
@@ -154,7 +196,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
-                           warm=kcache.warm_tree, kernel_status=kernel_status,
+                           warm=kcache.warm_tree, kernel_status=kernel.status,
                            sandboxed=sandboxed, request_stats=kcache.request_latency,
                            captures=captures)
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
@@ -169,6 +211,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     except RuntimeError as e:
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {reason(said, str(e))}") from None
+    kernel.probe_epoch()
     kcache.speed_up_loop(pyfuse3)
     kcache.serve_promptly()  # (the readers and worker threads it starts keep the default)
     seq, offset = behind.position(session.store)

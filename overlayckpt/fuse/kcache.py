@@ -9,6 +9,7 @@ or pyfuse3 already imported) the mount works as before, only slower.
 from __future__ import annotations
 
 import ctypes
+import errno
 import glob
 import importlib.machinery
 import inspect
@@ -91,6 +92,11 @@ def preload() -> None:
     lib.kcache_drop_dir_attrs.restype = None
     lib.kcache_serve_promptly.restype = ctypes.c_int
     lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.kcache_notify_inc_epoch.argtypes = []
+    lib.kcache_notify_inc_epoch.restype = ctypes.c_int
+    lib.kcache_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+                                               ctypes.c_int]
+    lib.kcache_notify_inval_inodes.restype = ctypes.c_long
     lib.kcache_hist_bucket.restype = ctypes.c_uint
     global _request_pid, _request_seq, _request_next, _request_arrival
     _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
@@ -244,6 +250,30 @@ def dir_attrs_answered() -> int:
     if _lib is None:
         return 0
     return ctypes.c_uint64.in_dll(_lib, "kcache_dir_attrs_answered").value
+
+
+def notify_inc_epoch() -> int:
+    """Have the kernel look every name of the mount up again at its next use
+    (FUSE_NOTIFY_INC_EPOCH, Linux 6.16+: one write, whatever it holds; notify.c).
+    0, or an errno: EINVAL from an older kernel, ENOTCONN without the library's
+    session."""
+    if _lib is None or not active():
+        return errno.ENOTCONN
+    return -_lib.kcache_notify_inc_epoch()
+
+
+def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | None:
+    """Drop the kernel's attributes, pages and listings of each inode, in one call
+    without the GIL (a system call each). How many the kernel held; None without the
+    library (the caller then asks pyfuse3 one at a time). Raises OSError on a failure
+    other than "not held" (the mount went away)."""
+    if _lib is None or not active():
+        return None
+    arr = (ctypes.c_uint64 * len(inodes))(*inodes)
+    had = _lib.kcache_notify_inval_inodes(arr, len(inodes), int(attr_only))
+    if had < 0:
+        raise OSError(-had, os.strerror(-had))
+    return int(had)
 
 
 def stop_write_behind() -> None:
