@@ -727,7 +727,7 @@ class RestoreDelta(Workload):
     @staticmethod
     def _walk(root: Path) -> int:
         n = 0
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, _dirnames, filenames in os.walk(root):
             for name in filenames:
                 os.lstat(os.path.join(dirpath, name))
                 n += 1
