@@ -294,3 +294,31 @@ def assert_each_call_restores(m: Any, repo: Path, autos: list[dict], calls: list
     for ck, state in zip(autos, states):
         m.cli("restore", str(ck["id"]), "--code")
         assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+
+
+def assert_each_step_restores(m: Any, repo: Path, steps: list[tuple[str, Any, str | None, dict]],
+                              agent: str) -> tuple[list[dict], list[tuple[int, tuple]], list[dict]]:
+    """For agents whose hooks send no call id the tests can check (Gemini, qwen): steps are
+    (tool, input, summary or None for a read, {path: content after, None: gone}). Each
+    changing step is one automatic checkpoint with its summary and files, its conversation
+    ends with its own call, and it restores the tree as it was after it. Returns the
+    checkpoints, the changing steps (index, step) and the tree after each."""
+    log = m.ctl_ok({"cmd": "log"})["checkpoints"]
+    autos = sorted((c for c in log if c["id"] > 0), key=lambda c: c["id"])
+    changing = [(i, s) for i, s in enumerate(steps) if s[2] is not None]
+    assert [c["summary"] for c in autos] == [s[2] for _, s in changing], \
+        [(c["id"], c["summary"], [f["path"] for f in c["files"]]) for c in autos]
+    assert all(c["kind"] == "auto" for c in autos)
+    expected = {path: read(repo, path) for _, s in changing for path in s[3]}
+    states = []
+    for ck, (i, (tool, _, _, after)) in zip(autos, changing):
+        expected.update(after)
+        states.append(dict(expected))
+        assert {f["path"] for f in ck["files"]} == set(after), ck
+        at = m.ctl_ok({"cmd": "conversation", "at": ck["id"]})["lines"]
+        assert at[-1]["event"] == "PreToolUse" and at[-1]["agent"] == agent and at[-1]["tool"] == tool, at[-1]
+        assert [x["tool"] for x in at if x.get("event") == "PreToolUse"] == [s[0] for s in steps[:i + 1]]
+    for ck, state in zip(autos, states):
+        m.cli("restore", str(ck["id"]), "--code")
+        assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+    return autos, changing, states

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli, read
+from agent_server import ScriptedModel, agent_cli, assert_each_step_restores, read
 from conftest import Mount, run_cli
 
 
@@ -92,26 +92,7 @@ def test_a_gemini_session_is_one_checkpoint_per_tool_call(gemini: Path, model: S
     model.play([(tool, absolute(m.mnt, args)) for tool, args, _, _ in STEPS] + [FINAL])
     assert FINAL in run_gemini(gemini, env, m.mnt, "-p", "make the four changes")
 
-    log = m.ctl_ok({"cmd": "log"})["checkpoints"]
-    autos = sorted((c for c in log if c["id"] > 0), key=lambda c: c["id"])
-    changing = [(i, s) for i, s in enumerate(STEPS) if s[2] is not None]
-    assert [c["summary"] for c in autos] == [s[2] for _, s in changing], \
-        [(c["id"], c["summary"], [f["path"] for f in c["files"]]) for c in autos]
-    assert all(c["kind"] == "auto" for c in autos)
-
-    # each checkpoint: its files, the conversation ending with its own call, its tree
-    expected = {path: read(repo, path) for _, s in changing for path in s[3]}
-    states = []
-    for ck, (i, (tool, _, _, after)) in zip(autos, changing):
-        expected.update(after)
-        states.append(dict(expected))
-        assert {f["path"] for f in ck["files"]} == set(after), ck
-        at = m.ctl_ok({"cmd": "conversation", "at": ck["id"]})["lines"]
-        assert at[-1]["event"] == "PreToolUse" and at[-1]["agent"] == "gemini" and at[-1]["tool"] == tool, at[-1]
-        assert [x["tool"] for x in at if x.get("event") == "PreToolUse"] == [s[0] for s in STEPS[:i + 1]]
-    for ck, state in zip(autos, states):
-        m.cli("restore", str(ck["id"]), "--code")
-        assert {path: read(m.mnt, path) for path in state} == state, ck["id"]
+    autos, changing, states = assert_each_step_restores(m, repo, STEPS, "gemini")
 
     # back to the third changing call (the fourth call: the read came before it), code
     # and conversation: Gemini's session is cut there and resumes from any directory
