@@ -418,26 +418,8 @@ class Applier:
         target = self.ov.readlink(state, ino, node)
         if st is not None and os.readlink(name, dir_fd=dfd) == target:
             return
-        if self._refused(path, node):
-            return
-        if st is not None:
-            self._remove(dfd, path, name, st)
-            self.at = path
-        tmp, _ = self._temp(lambda t: os.symlink(target, t, dir_fd=dfd))
-        try:
-            if self.root:
-                fd = os.open(tmp, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-                try:
-                    if not stat.S_ISLNK(os.fstat(fd).st_mode):
-                        raise FsError(errno.EBUSY, "replaced while apply ran")
-                    fchown_fd(fd, node.uid, node.gid)
-                finally:
-                    os.close(fd)
-            self._place(dfd, tmp, name)
-        except BaseException:
-            self._drop_temp(dfd, tmp)
-            raise
-        self._wrote(path)
+        own = (lambda fd: fchown_fd(fd, node.uid, node.gid)) if self.root else None
+        self._replace(dfd, path, name, node, st, lambda t: os.symlink(target, t, dir_fd=dfd), own)
 
     def _sync_special(self, dfd: int, path: bytes, name: bytes, node: Node,
                       st: os.stat_result | None) -> None:
@@ -445,24 +427,35 @@ class Applier:
         kind = stat.S_IFMT(node.mode)
         if st is not None and (kind not in (stat.S_IFCHR, stat.S_IFBLK) or st.st_rdev == node.rdev):
             return  # the repo has it already
+
+        def fix(fd: int) -> None:
+            if self.root:
+                fchown_fd(fd, node.uid, node.gid)
+            # through the fd (its magic link names this very inode, checked before)
+            os.chmod(f"/proc/self/fd/{fd}", self._given_mode(path, node, None))
+        self._replace(dfd, path, name, node, st,
+                      lambda t: os.mknod(t, kind | 0o600, node.rdev, dir_fd=dfd), fix)
+
+    def _replace(self, dfd: int, path: bytes, name: bytes, node: Node, st: os.stat_result | None,
+                 make: Callable[[bytes], Any], fix: Callable[[int], None] | None) -> None:
+        """Write a symlink or special file at path (unless refused): made by make(temp) under
+        a temp name of ours, checked through an O_PATH fd to be what was made (node's type)
+        and given to fix(fd) (owner, mode), then renamed over name; the temp never stays."""
         if self._refused(path, node):
             return
         if st is not None:
             self._remove(dfd, path, name, st)
             self.at = path
-        tmp, _ = self._temp(lambda t: os.mknod(t, kind | 0o600, node.rdev, dir_fd=dfd))
+        tmp, _ = self._temp(make)
         try:
-            fd = os.open(tmp, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-            try:
-                real = os.fstat(fd)
-                if stat.S_IFMT(real.st_mode) != kind:
-                    raise FsError(errno.EBUSY, "replaced while apply ran")
-                if self.root:
-                    fchown_fd(fd, node.uid, node.gid)
-                # through the fd (its magic link names this very inode, checked above)
-                os.chmod(f"/proc/self/fd/{fd}", self._given_mode(path, node, None))
-            finally:
-                os.close(fd)
+            if fix is not None:
+                fd = os.open(tmp, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                try:
+                    if stat.S_IFMT(os.fstat(fd).st_mode) != stat.S_IFMT(node.mode):
+                        raise FsError(errno.EBUSY, "replaced while apply ran")
+                    fix(fd)
+                finally:
+                    os.close(fd)
             self._place(dfd, tmp, name)
         except BaseException:
             self._drop_temp(dfd, tmp)

@@ -16,7 +16,7 @@ from typing import Any
 from overlayckpt.core.lower import Lower, Pin, PinLookup, PinStat, join
 from overlayckpt.errors import FsError
 from overlayckpt.records import lower_ino, pack_obj, path_cut, path_key, unpack_obj
-from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.lmdbstore import ReadTxn, Store
 from overlayckpt.tables import PINNED
 
 
@@ -49,15 +49,17 @@ def pin_lookup(store: Store) -> PinLookup | None:
                 end = min(size, off + n)
                 if off >= end:
                     return b""
-                out = []
-                pos = off
-                while pos < end:
-                    b = pos // bs
-                    stop = min(end, (b + 1) * bs)
-                    data = store.read(lambda r: r.block(blocks[b]))  # noqa: B023  (called at once)
-                    out.append(data[pos - b * bs:stop - b * bs])
-                    pos = stop
-                return b"".join(out)
+
+                def fn(r: ReadTxn) -> bytes:  # every block of the range in one read transaction
+                    out = []
+                    pos = off
+                    while pos < end:
+                        b = pos // bs
+                        stop = min(end, (b + 1) * bs)
+                        out.append(r.block(blocks[b])[pos - b * bs:stop - b * bs])
+                        pos = stop
+                    return b"".join(out)
+                return store.read(fn)
             read = read_pinned
         entries = rec.get("entries")
         return Pin(st, None if entries is None else set(entries), read, rec.get("target"), rec.get("xattrs") or {})

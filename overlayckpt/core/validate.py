@@ -155,8 +155,13 @@ def _ino(raw: bytes, what: str) -> int:
     return ino
 
 
+def int_in(v: Any, lo: int, hi: int) -> bool:
+    """v is an int (not a bool) from lo to hi."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
 def _int(v: Any, lo: int, hi: int, what: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+    if not int_in(v, lo, hi):
         raise Bad(f"has a {what} out of range ({v!r:.40})")
     return v
 

@@ -33,6 +33,7 @@ from overlayckpt.core.maintenance import referenced_blocks
 from overlayckpt.core.validate import (
     RECORD_MAX,
     finite_number,
+    int_in,
     rel_path_problem,
     value_max,
 )
@@ -314,7 +315,7 @@ def header_problem(h: dict[str, Any]) -> str | None:
         return "has a malformed window"
     lower, pinned = h.get("lower", []), h.get("pinned", [])
     if not isinstance(lower, list) or not all(
-            isinstance(e, list) and len(e) == 2 and _int_in(e[0], ROOT_INO + 1, FIRST_UPPER_INO - 1)
+            isinstance(e, list) and len(e) == 2 and int_in(e[0], ROOT_INO + 1, FIRST_UPPER_INO - 1)
             and rel_path_problem(e[1]) is None for e in lower):
         return "has a malformed lower entry"
     if not isinstance(pinned, list) or not all(rel_path_problem(p) is None for p in pinned):
@@ -322,10 +323,10 @@ def header_problem(h: dict[str, Any]) -> str | None:
     files = h.get("lower_files")
     if files is not None:
         if not isinstance(files, list) or not all(
-                isinstance(e, list) and len(e) == 5 and _int_in(e[0], ROOT_INO + 1, CONTROL_INO_BASE - 1)
+                isinstance(e, list) and len(e) == 5 and int_in(e[0], ROOT_INO + 1, CONTROL_INO_BASE - 1)
                 and rel_path_problem(e[1]) is None
-                and (e[2] is None or _int_in(e[2], 0, 0o170000))
-                and (e[3] is None or _int_in(e[3], 0, MAX_FILE_SIZE))
+                and (e[2] is None or int_in(e[2], 0, 0o170000))
+                and (e[3] is None or int_in(e[3], 0, MAX_FILE_SIZE))
                 and (e[4] is None or isinstance(e[4], bytes) and len(e[4]) == 32) for e in files):
             return "has a malformed lower_files entry"
         # every repo inode the session refers to is named, with its path: import checks each
@@ -335,23 +336,19 @@ def header_problem(h: dict[str, Any]) -> str | None:
     seen = h.get("seen_files", [])
     if not isinstance(seen, list) or not all(
             isinstance(e, list) and len(e) == 3 and rel_path_problem(e[0]) is None
-            and _int_in(e[1], 0, MAX_FILE_SIZE) and isinstance(e[2], bytes) and len(e[2]) == 32
+            and int_in(e[1], 0, MAX_FILE_SIZE) and isinstance(e[2], bytes) and len(e[2]) == 32
             for e in seen):
         return "has a malformed seen_files entry"
     links = h.get("lower_links", [])
     if not isinstance(links, list) or not all(
-            isinstance(e, list) and len(e) == 2 and _int_in(e[0], 0, CONTROL_INO_BASE - 1)
-            and _int_in(e[1], 2, 1 << 32) for e in links):
+            isinstance(e, list) and len(e) == 2 and int_in(e[0], 0, CONTROL_INO_BASE - 1)
+            and int_in(e[1], 2, 1 << 32) for e in links):
         return "has a malformed lower_links entry"
     return None
-
-
-def _int_in(v: Any, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _trailer_ok(trailer: Any, tables: list[bytes]) -> bool:
     counts = trailer.get("counts") if isinstance(trailer, dict) else None
     return (trailer.get("end") is True and isinstance(counts, dict)
-            and all(isinstance(k, str) and k.encode() in tables and _int_in(v, 0, 1 << 62)
+            and all(isinstance(k, str) and k.encode() in tables and int_in(v, 0, 1 << 62)
                     for k, v in counts.items()))
