@@ -24,13 +24,14 @@ from typing import Any
 
 import msgpack
 
-from overlayckpt.names import NAME_MAX, is_file_name, quote_path
+from overlayckpt.names import is_file_name, quote_path
 from overlayckpt.records import (
     CONTROL_INO_BASE,
     FIRST_UPPER_INO,
     FORMAT_VERSION,
     KEY_MAX,
     MAX_FILE_SIZE,
+    NAME_MAX,
     PATH_MAX,
     ROOT_INO,
     TABLE_NAMES,
