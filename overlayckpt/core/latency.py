@@ -77,24 +77,10 @@ class Histogram:
 
     def record_since(self, now: int, starts: Iterable[int]) -> None:
         """record(now - start) for each start that is not 0 (unknown), in one call."""
-        counts, top = self.counts, _TOP
-        total, most = self.sum_ns, self.max_ns
+        record = self.record
         for start in starts:
-            if not start:
-                continue
-            ns = now - start
-            if ns < _SMALL:
-                i = ns if ns > 0 else 0
-            else:
-                shift = ns.bit_length() - (SUB_BITS + 1)
-                i = (shift << SUB_BITS) + (ns >> shift)
-                if i > top:
-                    i = top
-            counts[i] += 1
-            total += ns
-            if ns > most:
-                most = ns
-        self.sum_ns, self.max_ns = total, most
+            if start:
+                record(now - start)
 
     @property
     def count(self) -> int:

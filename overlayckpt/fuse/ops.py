@@ -148,11 +148,10 @@ class Comms:
         if known is not None and now - known[1] < RUNS_FOR:
             return known[0]
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read(512)
-            alive = raw[raw.rindex(b")") + 2:][:1] not in (b"Z", b"X")
-        except (OSError, ValueError):
-            alive = False
+            me = _stat(pid)
+        except ValueError:
+            me = None
+        alive = me is not None and me.state not in ("Z", "X")
         if len(self._runs) > self._size:
             self._runs.clear()
         self._runs[pid] = alive, now
@@ -203,10 +202,12 @@ class _Proc:
     session: int
     started: int  # clock ticks after boot
     name: str
+    state: str  # R, S, D...; Z: a zombie, X: dead
 
 
 def _stat(pid: int) -> _Proc | None:
-    """A process's parent, process group, session, start and name (/proc/<pid>/stat)."""
+    """A process's parent, process group, session, start, name and state
+    (/proc/<pid>/stat)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read(1024)
@@ -215,7 +216,7 @@ def _stat(pid: int) -> _Proc | None:
     close = raw.rindex(b")")  # the name may hold spaces and parentheses
     fields = raw[close + 2:].split()  # from field 3 (state) on
     return _Proc(int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]),
-                 raw[raw.index(b"(") + 1:close].decode(errors="replace"))
+                 raw[raw.index(b"(") + 1:close].decode(errors="replace"), fields[0].decode())
 
 
 def _command_of(process: Caller, mounted: int) -> Caller:

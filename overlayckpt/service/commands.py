@@ -85,7 +85,8 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     def fn(r: ReadTxn) -> dict[str, Any]:
         out: list[dict[str, Any]] = []
         files_at = Files(s.overlay, r)
-        ignored = None if everything else Ignored.of(s.overlay, r)
+        # (bookkeeping rows are folded only in the whole log, not in one file's)
+        ignored = None if everything or file is not None else Ignored.of(s.overlay, r)
         folded: list[int] = []  # bookkeeping rows newer than any row shown yet
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
@@ -100,7 +101,7 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
             if entry["empty"] and not everything:
                 ck = before
                 continue
-            if ignored is not None and file is None and _bookkeeping(r, ck, ignored):
+            if ignored is not None and _bookkeeping(r, ck, ignored):
                 # folded into the row after it (the newer), or the one before if it is the newest
                 (out[-1].setdefault("folded", []) if out else folded).append(ck.id)
                 ck = before
