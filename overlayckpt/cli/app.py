@@ -232,10 +232,10 @@ def check_options(args: argparse.Namespace) -> None:
     if block is not None and not (lo <= block <= hi and block & (block - 1) == 0):
         raise UserError(f"--block-size {block} is not a power of two from {lo} to {hi}: "
                         "pass e.g. --block-size 4096")
-    for option, key, least in (("--limit", "limit", 0), ("--fork", "fork", 1),
-                               ("--budget", "budget", 0)):
+    for option, key, least, most in (("--limit", "limit", 0, MAX_COUNT), ("--fork", "fork", 1, MAX_COUNT),
+                                     ("--budget", "budget", 0, 1 << 62)):
         value = getattr(args, key, None)
-        if value is not None and not least <= value <= (MAX_COUNT if key != "budget" else 1 << 62):
+        if value is not None and not least <= value <= most:
             raise UserError(f"{option} {value} is out of range: pass a whole number from {least}")
 
 

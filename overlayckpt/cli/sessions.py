@@ -13,6 +13,7 @@ import argparse
 import fcntl
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from overlayckpt.cli import client
@@ -132,26 +133,25 @@ def repo_here(arg: str | None) -> str:
         d = parent
 
 
-def _disk_bytes(path: str) -> int:
+def _allocated(paths: Iterable[str]) -> int:
+    """What the files at paths take on disk (one that is gone counts nothing)."""
     total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-            except OSError:
-                pass
+    for path in paths:
+        try:
+            total += os.lstat(path).st_blocks * 512
+        except OSError:
+            pass
     return total
+
+
+def _disk_bytes(path: str) -> int:
+    """What everything under path takes on disk."""
+    return _allocated(os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
 
 
 def _store_bytes(path: str) -> int:
     """What a store's own files take on disk."""
-    total = 0
-    for name in STORE_FILES:
-        try:
-            total += os.lstat(os.path.join(path, name)).st_blocks * 512
-        except OSError:
-            pass
-    return total
+    return _allocated(os.path.join(path, name) for name in STORE_FILES)
 
 
 def describe(n: int, store: str, default: bool) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from overlayckpt.records import (
     unpack_obj,
 )
 from overlayckpt.store.lmdbstore import (
+    MAX_FORK_DEPTH,
     ReadTxn,
     Store,
     WriteTxn,
@@ -166,7 +167,7 @@ def _fork_loop(r: ReadTxn) -> list[str]:
         if path in seen:
             return [f"the fork chain loops: {path} is its own ancestor"]
         seen.add(path)
-        if len(seen) > 64 or not os.path.exists(os.path.join(path, "data.mdb")):
+        if len(seen) > MAX_FORK_DEPTH or not os.path.exists(os.path.join(path, "data.mdb")):
             return []
         try:
             parent = store_at(path).read(parent_of)

@@ -832,12 +832,12 @@ def parent_of(r: ReadTxn) -> tuple[str, int] | None:
 _PARENT_PATHS: dict[str, str] = {}
 
 
-_MAX_FORK_DEPTH = 64  # parents up a fork chain: more is a loop (a store its own parent)
+MAX_FORK_DEPTH = 64  # parents up a fork chain: more is a loop (a store its own parent)
 
 
 def parent_block(r: ReadTxn, digest: bytes, depth: int = 0) -> bytes | None:
     """The raw block from the parent chain of r's store (None: nowhere)."""
-    if depth >= _MAX_FORK_DEPTH:
+    if depth >= MAX_FORK_DEPTH:
         log.warning("the fork chain of %s loops or is too deep: a block is not read", r.store.path)
         return None
     path = _PARENT_PATHS.get(r.store.path)
