@@ -39,15 +39,12 @@ def transcript_root(agent: str) -> str:
     """The directory where the agent keeps this user's transcripts (Claude Code:
     CLAUDE_CONFIG_DIR or ~/.claude, then projects/; Codex: CODEX_HOME or ~/.codex, then
     sessions/), as the daemon's environment (the user's, at mount time) names it."""
-    home = os.path.expanduser("~")
-    if agent == "codex":
-        return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "sessions")
-    if agent == "gemini":  # tmp/<project>/chats/session-*.jsonl
-        return os.path.join(os.environ.get("GEMINI_CLI_HOME") or home, ".gemini", "tmp")
+    from overlayckpt.core.agent_settings import qwen_home, user_settings_path
     if agent == "qwen":  # projects/<project>/chats/<session>.jsonl
-        base = os.environ.get("QWEN_RUNTIME_DIR") or os.environ.get("QWEN_HOME") or os.path.join(home, ".qwen")
-        return os.path.join(base, "projects")
-    return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude"), "projects")
+        return os.path.join(os.environ.get("QWEN_RUNTIME_DIR") or qwen_home(), "projects")
+    # beside the settings file we install the hooks in (gemini: tmp/<project>/chats/session-*.jsonl)
+    sub = {"codex": "sessions", "gemini": "tmp"}.get(agent, "projects")
+    return os.path.join(os.path.dirname(user_settings_path(agent)), sub)
 
 
 class Transcript:
