@@ -186,10 +186,16 @@ def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[tuple[str,
     until = _stamp(until_iso)
     if until is None:
         raise ValueError(f"{until_iso!r} is not a time")
+    return _up_to(records, until)
+
+
+def _up_to(records: list[tuple[str, dict[str, Any]]], until: float,
+           stamp: Any = lambda e: _stamp(e.get("timestamp"))) -> list[tuple[str, dict[str, Any]]]:
+    """records before the first one stamp(entry) puts later than until (unstamped: kept)."""
     kept = []
     for line, entry in records:
-        stamp = _stamp(entry.get("timestamp"))
-        if stamp is not None and stamp > until:
+        t = stamp(entry)
+        if t is not None and t > until:
             break
         kept.append((line, entry))
     return kept
@@ -290,12 +296,10 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
                 kept = [x for x, _ in records[:i]] + [json.dumps(entry, ensure_ascii=False) + "\n"]
             break
     if not kept:  # no tool line, or its call is not there: up to the line's time
-        until = _until(lines)
-        for line, entry in records:
+        def latest(entry: dict[str, Any]) -> float | None:
             times = [_stamp(entry.get("timestamp"))] + [_stamp(c.get("timestamp")) for c in calls(entry)]
-            if max((t for t in times if t is not None), default=float("-inf")) > until:
-                break
-            kept.append(line)
+            return max((t for t in times if t is not None), default=None)
+        kept = [line for line, _ in _up_to(records, _until(lines), latest)]
     return session.write_copy(f"overlayckpt-{uuid.uuid4()}.jsonl", kept)
 
 
@@ -348,11 +352,7 @@ def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[
                         continue
                     kept.append((line, entry))
     if not kept:  # no tool line, or its call is not there: up to the line's time
-        until = _until(lines)
-        for line, entry in records:
-            if (_stamp(entry.get("timestamp")) or float("-inf")) > until:
-                break
-            kept.append((line, entry))
+        kept = _up_to(records, _until(lines))
     new_id = str(uuid.uuid4())
     text = [json.dumps(dict(entry, sessionId=new_id), ensure_ascii=False) + "\n" for _, entry in kept]
     return new_id, session.write_copy(f"{new_id}.jsonl", text)
