@@ -39,6 +39,24 @@ def agent_cli(name: str, path: Path | None = None) -> Path:
             pytest.skip(f"{name} could not be installed (`make agents`): {last}")
     return path
 
+def run_agent(argv: Sequence[Any], env: dict[str, str] | None, cwd: Path, timeout: float = 180,
+              stdin: int | None = subprocess.DEVNULL) -> str:
+    """Run an agent CLI (argv[0]) to its end; its stdout, the test failed with its
+    output if it exits non-zero."""
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False, stdin=stdin)
+    assert proc.returncode == 0, f"{Path(argv[0]).name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def absolute(mnt: Path, tool_input: dict, key: str = "file_path") -> dict:
+    """A tool call's input with its path (tool_input[key]) made absolute beneath mnt."""
+    out = dict(tool_input)
+    if key in out:
+        out[key] = str(mnt / out[key])
+    return out
+
+
 # a tool call (name, JSON input; for a Responses custom tool such as Codex's apply_patch,
 # the input is its text), or the turn's final text
 Step = tuple[str, dict[str, Any] | str] | str

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli, assert_each_call_restores
+from agent_server import ScriptedModel, absolute, agent_cli, assert_each_call_restores, run_agent
 from conftest import Mount, run_cli
 
 
@@ -30,10 +29,8 @@ def run_claude(claude: Path, model: ScriptedModel, home: Path, cwd: Path, *args:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-scripted",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
-    proc = subprocess.run([str(claude), "-p", *args, "--allowedTools", "Read,Write,Edit,Bash"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"claude failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run_agent([claude, "-p", *args, "--allowedTools", "Read,Write,Edit,Bash"], env, cwd, timeout=300,
+                     stdin=None)
 
 
 # (tool, input with paths relative to the mount, summary, {path: content after, None: gone})
@@ -63,13 +60,6 @@ STEPS: list[tuple[str, dict, str | None, dict[str, str | None]]] = [
      "Bash rm notes.txt", {"notes.txt": None}),
 ]
 FINAL = "All ten changes are made."
-
-
-def absolute(mnt: Path, tool_input: dict) -> dict:
-    out = dict(tool_input)
-    if "file_path" in out:
-        out["file_path"] = str(mnt / out["file_path"])
-    return out
 
 
 def test_a_claude_session_is_one_checkpoint_per_tool_call(claude: Path, model: ScriptedModel,

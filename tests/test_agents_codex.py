@@ -10,12 +10,11 @@ Codex sends no PostToolUse for an apply_patch: the next call's line ends it.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli, assert_each_call_restores
+from agent_server import ScriptedModel, agent_cli, assert_each_call_restores, run_agent
 from conftest import Mount, run_cli
 
 
@@ -53,11 +52,8 @@ FINAL = "All ten changes are made."
 
 
 def run_codex(codex: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
-    proc = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                           *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"codex failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run_agent([codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", *args],
+                     env, cwd, timeout=300)
 
 
 def test_a_codex_session_is_one_checkpoint_per_tool_call(codex: Path, model: ScriptedModel, repo: Path,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli, read
+from agent_server import ScriptedModel, absolute, agent_cli, read
 from conftest import Mount
 
 
@@ -42,13 +42,6 @@ STEPS: list[tuple[str, dict, dict[str, str | None]]] = [
 FINAL = "The five changes are made."
 
 
-def absolute(mnt: Path, tool_input: dict) -> dict:
-    out = dict(tool_input)
-    if "filePath" in out:
-        out["filePath"] = str(mnt / out["filePath"])
-    return out
-
-
 def test_an_opencode_session_is_one_checkpoint_per_changing_call(opencode: Path, model: ScriptedModel,
                                                                  repo: Path, mount_factory,
                                                                  tmp_path: Path) -> None:
@@ -67,7 +60,7 @@ def test_an_opencode_session_is_one_checkpoint_per_changing_call(opencode: Path,
     env.update(HOME=str(home), PWD=str(m.mnt), OPENCODE_CONFIG=str(config), OPENCODE_DISABLE_MODELS_FETCH="1",
                OPENCODE_DISABLE_AUTOUPDATE="1", npm_config_registry="http://127.0.0.1:9/")
     model.delay = 1.3  # > the mount's window (1 s): each call's writes are a burst of their own
-    model.play([(tool, absolute(m.mnt, args)) for tool, args, _ in STEPS] + [FINAL])
+    model.play([(tool, absolute(m.mnt, args, "filePath")) for tool, args, _ in STEPS] + [FINAL])
     proc = subprocess.run([str(opencode), "run", "--model", "scripted/x", "make the five changes"], cwd=m.mnt,
                           env=env, capture_output=True, text=True, timeout=180, check=False, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0 and FINAL in proc.stdout, f"opencode failed ({proc.returncode}):\n" \

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent_server import ScriptedModel, agent_cli, assert_each_step_restores, read
+from agent_server import ScriptedModel, absolute, agent_cli, assert_each_step_restores, read, run_agent
 from conftest import Mount, run_cli
 
 
@@ -27,11 +26,7 @@ def qwen() -> Path:
 
 
 def run_qwen(qwen: Path, env: dict[str, str], cwd: Path, *args: str) -> str:
-    proc = subprocess.run([str(qwen), "--auth-type", "openai", "-m", "scripted", "--approval-mode", "yolo", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180, check=False,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"qwen failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run_agent([qwen, "--auth-type", "openai", "-m", "scripted", "--approval-mode", "yolo", *args], env, cwd)
 
 
 # (tool, input with paths relative to the mount, summary, {path: content after, None: gone})
@@ -49,13 +44,6 @@ STEPS: list[tuple[str, dict, str | None, dict[str, str | None]]] = [
      {"run2.sh": "#!/bin/sh\necho run\n", "docs/guide.txt": None}),
 ]
 FINAL = "The four changes are made."
-
-
-def absolute(mnt: Path, tool_input: dict) -> dict:
-    out = dict(tool_input)
-    if "file_path" in out:
-        out["file_path"] = str(mnt / out["file_path"])
-    return out
 
 
 def test_a_qwen_session_is_one_checkpoint_per_tool_call(qwen: Path, model: ScriptedModel, repo: Path,

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import find_mount
+from overlayckpt.cli.timeline import _ref  # a checkpoint id or name, as the CLI reads it
 from overlayckpt.errors import UserError
 
 INSTRUCTIONS = (
@@ -90,12 +91,6 @@ class RpcError(Exception):
     def __init__(self, code: int, message: str, data: Any = None) -> None:
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
-
-
-def _ref(text: str) -> int | str:
-    from overlayckpt.names import parse_id  # (ASCII digits only: "１" is a name, not 1)
-    cid = parse_id(text)
-    return text if cid is None else cid
 
 
 def _arguments(tool: dict[str, Any], args: Any) -> dict[str, Any]:

@@ -108,15 +108,7 @@ def _public(key: int, entry: dict[str, Any], live: bool | None = None) -> dict[s
 
 def chain(r: ReadTxn, head: int) -> list[tuple[int, dict[str, Any]]]:
     """The branch ending at head, oldest first."""
-    out = []
-    key = head
-    while key:
-        raw = r.get(CONV, u64(key))
-        if raw is None:
-            break
-        entry = unpack_obj(raw)
-        out.append((key, entry))
-        key = entry["_prev"]
+    out = list(_back_from(r, head))
     out.reverse()
     return out
 
@@ -148,15 +140,12 @@ def live_text_after(store: Store, known: tuple[int, bytes] | None) -> tuple[int,
         if known is not None and known[0] == head:
             return known
         new: list[tuple[int, dict[str, Any]]] = []
-        key = head
-        while key and (known is None or key != known[0]):
-            raw = r.get(CONV, u64(key))
-            if raw is None:
+        base = b""
+        for key, entry in _back_from(r, head):
+            if known is not None and key == known[0]:
+                base = known[1]
                 break
-            entry = unpack_obj(raw)
             new.append((key, entry))
-            key = entry["_prev"]
-        base = known[1] if known is not None and key == known[0] else b""
         new.reverse()
         return head, base + "".join(json.dumps(_public(k, e)) + "\n" for k, e in new).encode()
     return store.read(read)
@@ -176,7 +165,7 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     never of whatever changes next.
     """
     last_word = _last_word_after(r, head, start_seq, seq)
-    for entry in _back_from(r, head):
+    for _key, entry in _back_from(r, head):
         line_seq = entry["_seq"]
         if line_seq > seq:
             continue
@@ -199,16 +188,16 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     return last_word
 
 
-def _back_from(r: ReadTxn, head: int) -> Iterator[dict[str, Any]]:
-    """The branch ending at head, newest first, read only as far as the caller goes (a
-    log row looks at the lines of its own group, not the whole conversation)."""
+def _back_from(r: ReadTxn, head: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The branch ending at head as (key, line), newest first, read only as far as the
+    caller goes (a log row looks at the lines of its own group, not the whole conversation)."""
     key = head
     while key:
         raw = r.get(CONV, u64(key))
         if raw is None:
             return
         entry: dict[str, Any] = unpack_obj(raw)
-        yield entry
+        yield key, entry
         key = entry["_prev"]
 
 

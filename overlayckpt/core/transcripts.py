@@ -39,15 +39,12 @@ def transcript_root(agent: str) -> str:
     """The directory where the agent keeps this user's transcripts (Claude Code:
     CLAUDE_CONFIG_DIR or ~/.claude, then projects/; Codex: CODEX_HOME or ~/.codex, then
     sessions/), as the daemon's environment (the user's, at mount time) names it."""
-    home = os.path.expanduser("~")
-    if agent == "codex":
-        return os.path.join(os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"), "sessions")
-    if agent == "gemini":  # tmp/<project>/chats/session-*.jsonl
-        return os.path.join(os.environ.get("GEMINI_CLI_HOME") or home, ".gemini", "tmp")
+    from overlayckpt.core.agent_settings import qwen_home, user_settings_path
     if agent == "qwen":  # projects/<project>/chats/<session>.jsonl
-        base = os.environ.get("QWEN_RUNTIME_DIR") or os.environ.get("QWEN_HOME") or os.path.join(home, ".qwen")
-        return os.path.join(base, "projects")
-    return os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude"), "projects")
+        return os.path.join(os.environ.get("QWEN_RUNTIME_DIR") or qwen_home(), "projects")
+    # beside the settings file we install the hooks in (gemini: tmp/<project>/chats/session-*.jsonl)
+    sub = {"codex": "sessions", "gemini": "tmp"}.get(agent, "projects")
+    return os.path.join(os.path.dirname(user_settings_path(agent)), sub)
 
 
 class Transcript:
@@ -154,71 +151,6 @@ def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[str]:
-    """A JSONL transcript's lines (as written) through the first entry is_end accepts,
-    or, if none does, those stamped no later than until_iso."""
-    import datetime
-    until = datetime.datetime.fromisoformat(until_iso.replace("Z", "+00:00"))
-    entries: list[tuple[str, dict[str, Any]]] = []
-    with transcript.lines() as src:
-        for line in src:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            if isinstance(entry, dict):
-                entries.append((line if line.endswith("\n") else line + "\n", entry))
-    ends = [i for i, (_, e) in enumerate(entries) if is_end(e)]
-    if ends:
-        return [line for line, _ in entries[:ends[0] + 1]]
-    kept = []
-    for line, entry in entries:
-        stamp = entry.get("timestamp")
-        if isinstance(stamp, str) and datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")) > until:
-            break
-        kept.append(line)
-    return kept
-
-
-def cut_transcript(transcript: Transcript, until_iso: str, tool_use_id: str | None = None) -> str:
-    """Copy a Claude Code transcript up to a point, beside it; returns the copy's path.
-
-    The point is a tool call's result when tool_use_id is given (the transcript names
-    calls by the ids the hooks log), else a time. The copy keeps the session id: Claude
-    keeps its file-history backups by session, and its own /rewind reaches the earlier
-    prompts only under that id (resumed, Claude appends the new turns to the session's
-    own transcript, as a branch from the cut). `claude --resume COPY` works from any
-    directory.
-    """
-    import uuid
-    kept = _cut(transcript, until_iso, lambda e: tool_use_id is not None and _claude_result(e, tool_use_id))
-    return transcript.write_copy(str(uuid.uuid4()) + ".jsonl", kept)
-
-
-def cut_codex_rollout(rollout: Transcript, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
-    """Copy a Codex rollout up to a call's output (else a time) as a session of its own,
-    beside it; returns (its id, its path). Codex finds a session by the id in its first
-    line (session_meta) and in the file's name; `codex resume ID` works from any directory."""
-    import uuid
-    kept = _cut(rollout, until_iso, lambda e: call_id is not None and _codex_result(e, call_id))
-    new_id = str(uuid.uuid4())
-    old_id = None
-    for i, line in enumerate(kept):
-        entry = json.loads(line)
-        payload = entry.get("payload")
-        if entry.get("type") == "session_meta" and isinstance(payload, dict) and payload.get("id"):
-            old_id = str(payload["id"])
-            kept[i] = line.replace(old_id, new_id)
-            break
-    if old_id is None:
-        raise ValueError(f"{os.path.basename(rollout.path)} has no session id")
-    name = os.path.basename(rollout.path)
-    name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
-    return new_id, rollout.write_copy(name, kept)
-
-
-# --- transcripts without the hooks' call ids: Gemini CLI, qwen-code ----------------------
-
 def _stamp(value: Any) -> float | None:
     """An ISO 8601 time as seconds, None if it is not one."""
     import datetime
@@ -244,12 +176,77 @@ def _records(transcript: Transcript) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, int] | None:
+def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[tuple[str, dict[str, Any]]]:
+    """A JSONL transcript's records (line as written, parsed) through the first entry
+    is_end accepts, or, if none does, those stamped no later than until_iso."""
+    records = _records(transcript)
+    end = next((i for i, (_, e) in enumerate(records) if is_end(e)), None)
+    if end is not None:
+        return records[:end + 1]
+    until = _stamp(until_iso)
+    if until is None:
+        raise ValueError(f"{until_iso!r} is not a time")
+    return _up_to(records, until)
+
+
+def _up_to(records: list[tuple[str, dict[str, Any]]], until: float,
+           stamp: Any = lambda e: _stamp(e.get("timestamp"))) -> list[tuple[str, dict[str, Any]]]:
+    """records before the first one stamp(entry) puts later than until (unstamped: kept)."""
+    kept = []
+    for line, entry in records:
+        t = stamp(entry)
+        if t is not None and t > until:
+            break
+        kept.append((line, entry))
+    return kept
+
+
+def cut_transcript(transcript: Transcript, until_iso: str, tool_use_id: str | None = None) -> str:
+    """Copy a Claude Code transcript up to a point, beside it; returns the copy's path.
+
+    The point is a tool call's result when tool_use_id is given (the transcript names
+    calls by the ids the hooks log), else a time. The copy keeps the session id: Claude
+    keeps its file-history backups by session, and its own /rewind reaches the earlier
+    prompts only under that id (resumed, Claude appends the new turns to the session's
+    own transcript, as a branch from the cut). `claude --resume COPY` works from any
+    directory.
+    """
+    import uuid
+    kept = _cut(transcript, until_iso, lambda e: tool_use_id is not None and _claude_result(e, tool_use_id))
+    return transcript.write_copy(str(uuid.uuid4()) + ".jsonl", [line for line, _ in kept])
+
+
+def cut_codex_rollout(rollout: Transcript, until_iso: str, call_id: str | None = None) -> tuple[str, str]:
+    """Copy a Codex rollout up to a call's output (else a time) as a session of its own,
+    beside it; returns (its id, its path). Codex finds a session by the id in its first
+    line (session_meta) and in the file's name; `codex resume ID` works from any directory."""
+    import uuid
+    records = _cut(rollout, until_iso, lambda e: call_id is not None and _codex_result(e, call_id))
+    kept = [line for line, _ in records]
+    new_id = str(uuid.uuid4())
+    old_id = None
+    for i, (line, entry) in enumerate(records):
+        payload = entry.get("payload")
+        if entry.get("type") == "session_meta" and isinstance(payload, dict) and payload.get("id"):
+            old_id = str(payload["id"])
+            kept[i] = line.replace(old_id, new_id)
+            break
+    if old_id is None:
+        raise ValueError(f"{os.path.basename(rollout.path)} has no session id")
+    name = os.path.basename(rollout.path)
+    name = name.replace(old_id, new_id) if old_id in name else f"rollout-{new_id}.jsonl"
+    return new_id, rollout.write_copy(name, kept)
+
+
+# --- transcripts without the hooks' call ids: Gemini CLI, qwen-code ----------------------
+
+def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, int, float] | None:
     """Where the last of lines (one agent session's, oldest first) stands, if it is a tool
-    line: (the time of its call's PreToolUse line, k: that call is the k-th of its batch),
-    done being the times the transcript records calls complete. The model asks for a
-    batch after the previous one's results are back, so the batch's calls are the ones
-    whose PreToolUse came after the last completion before this call's."""
+    line: (the time of its call's PreToolUse line, k: that call is the k-th of its batch,
+    the time of the last completion before it), done being the times the transcript
+    records calls complete. The model asks for a batch after the previous one's results
+    are back, so the batch's calls are the ones whose PreToolUse came after the last
+    completion before this call's."""
     if not lines or lines[-1].get("event") not in TOOL_EVENTS:
         return None
     stamps = [_stamp(x.get("time")) for x in lines if x.get("event") == "PreToolUse"]
@@ -258,7 +255,7 @@ def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, 
         return None
     at = starts[-1]
     since = max((t for t in done if t < at), default=float("-inf"))
-    return at, sum(1 for t in starts if since < t <= at)
+    return at, sum(1 for t in starts if since < t <= at), since
 
 
 def _until(lines: list[dict[str, Any]]) -> float:
@@ -288,8 +285,7 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
     point = _call_point(lines, done)
     kept: list[str] = []
     if point is not None:
-        at, k = point
-        since = max((t for t in done if t < at), default=float("-inf"))
+        at, k, since = point
         for i, (_line, entry) in enumerate(records):
             batch = [c for c in calls(entry) if (_stamp(c.get("timestamp")) or since) > since]
             if not any((_stamp(c.get("timestamp")) or at) > at for c in batch):
@@ -300,12 +296,10 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
                 kept = [x for x, _ in records[:i]] + [json.dumps(entry, ensure_ascii=False) + "\n"]
             break
     if not kept:  # no tool line, or its call is not there: up to the line's time
-        until = _until(lines)
-        for line, entry in records:
+        def latest(entry: dict[str, Any]) -> float | None:
             times = [_stamp(entry.get("timestamp"))] + [_stamp(c.get("timestamp")) for c in calls(entry)]
-            if max((t for t in times if t is not None), default=float("-inf")) > until:
-                break
-            kept.append(line)
+            return max((t for t in times if t is not None), default=None)
+        kept = [line for line, _ in _up_to(records, _until(lines), latest)]
     return session.write_copy(f"overlayckpt-{uuid.uuid4()}.jsonl", kept)
 
 
@@ -342,7 +336,7 @@ def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[
     point = _call_point(lines, done)
     kept: list[tuple[str, dict[str, Any]]] = []
     if point is not None:
-        at, k = point
+        at, k, _since = point
         turns = [i for i, (_, e) in enumerate(records) if e.get("type") == "assistant"
                  and (_stamp(e.get("timestamp")) or at) <= at and any(call_id(p) for p in parts(e))]
         batch = [c for p in parts(records[turns[-1]][1]) if (c := call_id(p))] if turns else []
@@ -358,11 +352,7 @@ def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[
                         continue
                     kept.append((line, entry))
     if not kept:  # no tool line, or its call is not there: up to the line's time
-        until = _until(lines)
-        for line, entry in records:
-            if (_stamp(entry.get("timestamp")) or float("-inf")) > until:
-                break
-            kept.append((line, entry))
+        kept = _up_to(records, _until(lines))
     new_id = str(uuid.uuid4())
     text = [json.dumps(dict(entry, sessionId=new_id), ensure_ascii=False) + "\n" for _, entry in kept]
     return new_id, session.write_copy(f"{new_id}.jsonl", text)
