@@ -35,6 +35,12 @@ def parse_id(ref: str) -> int | None:
     return int(ref) if _ID.fullmatch(ref) else None
 
 
+def parse_ref(ref: str) -> int | str:
+    """A checkpoint as the CLI and MCP read it: an id when ASCII digits, else a name."""
+    cid = parse_id(ref)
+    return ref if cid is None else cid
+
+
 def checkpoint_name_problem(name: str) -> str | None:
     """Why name cannot name a checkpoint, or None when it can."""
     if not name:

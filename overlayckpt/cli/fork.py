@@ -92,7 +92,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def _ref(value: str) -> Any:
-    return int(value) if value.isascii() and value.isdigit() else value  # ("²": a name)
+    from overlayckpt.names import parse_ref  # (ASCII digits only: "²" is a name)
+    return parse_ref(value)
 
 
 # -- across sessions --------------------------------------------------------------

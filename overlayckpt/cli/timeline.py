@@ -26,9 +26,8 @@ def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict
 
 
 def _ref(value: str) -> Any:
-    from overlayckpt.names import parse_id  # (ASCII digits only: "²" and "１" are names)
-    cid = parse_id(value)
-    return value if cid is None else cid
+    from overlayckpt.names import parse_ref  # (ASCII digits only: "²" and "１" are names)
+    return parse_ref(value)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:

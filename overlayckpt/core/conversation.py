@@ -30,7 +30,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     as {"hook": AGENT, "event": EVENT} (core/agents.py: the hooks write events as they
     came, and their lines are made here); None: a hook event that logs nothing."""
     if len(line) > MAX_HOOK_LINE:
-        raise UserError(f"conversation line longer than {MAX_LINE} bytes")
+        raise UserError(f"conversation line longer than {MAX_HOOK_LINE} bytes")
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
