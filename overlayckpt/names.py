@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from overlayckpt.errors import UserError
-from overlayckpt.records import NAME_MAX
 
+NAME_MAX = 255  # bytes in a name, as Linux file systems allow (records.py uses this one)
 CHECKPOINT_NAME_MAX = 64  # characters of a checkpoint name
 _ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "１" or "²" are not ids
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from overlayckpt.names import NAME_MAX as NAME_MAX  # (re-exported: names.py stays free of msgpack)
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
 FORMAT_VERSION = 5  # 2: the history index; 3: GROUPFILES and split raw blocks; 4: the inode
@@ -27,7 +28,6 @@ MAX_FILE_SIZE = 1 << 40  # bytes: a larger size in a record is damage (or an att
 PATH_MAX = 4096  # bytes in a path (Linux), a symlink target included
 
 ROOT_INO = 1
-NAME_MAX = 255  # bytes in a name, as Linux file systems allow
 # Inodes of lower entries are the lower's own st_ino: stable across remounts
 # without a store write per lookup, and equal to what git's index recorded
 # before the mount, so the first `git status` need not re-hash every file.
