@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install lint test test-fast test-agents agents stress demo bench bench-quick clean deps
+.PHONY: install lint test test-fast test-agents agents stress demo bench bench-deps bench-quick clean deps
 
 install: $(STAMP)
 
@@ -75,13 +75,17 @@ stress: install
 demo: install
 	$(PY) -m overlayckpt.demo
 
-bench: install
+# the C overlay every bench compares against (a contender is skipped, with a note, if missing)
+bench-deps: install
+	@command -v fuse-overlayfs >/dev/null || { echo "installing Debian package: fuse-overlayfs"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fuse-overlayfs; }
 	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
+
+bench: bench-deps
 	$(PY) -m bench.projects
 	$(PY) -m bench.run --sizes 1000,10000,100000
 
-bench-quick: install
-	$(PY) -m pip install -q -e '.[bench]' --config-settings editable_mode=compat
+bench-quick: bench-deps
 	$(PY) -m bench.projects
 	$(PY) -m bench.run --sizes 1000,10000 --quick
 

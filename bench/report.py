@@ -333,6 +333,9 @@ def markdown(results: dict) -> str:
     for size_key in sorted(results["sizes"], key=int):
         size = results["sizes"][size_key]
         lines += _section(f"{int(size_key):,} files ({size['repo']['bytes'] / 1e6:.0f} MB)", size)
+    if "big_tree" in results:
+        size = results["big_tree"]
+        lines += _section(f"Big tree: {size['repo']['files']:,} files ({size['repo']['bytes'] / 1e6:.0f} MB)", size)
     if "projects" in results:
         size = results["projects"]
         lines += _section(f"Real projects: LuaJIT built with `make -j2`, click's pytest suite "
@@ -486,7 +489,7 @@ def plots(results: dict, outdir: Path) -> list[Path]:
 
 def write_all(results: dict, outdir: Path, with_plots: bool = True) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
-    for size in [*results["sizes"].values(), *([results["projects"]] if "projects" in results else [])]:
+    for size in [*results["sizes"].values(), *(results[k] for k in ("big_tree", "projects") if k in results)]:
         add_ratios(size["metrics"])
     (outdir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (outdir / "results.md").write_text(markdown(results))

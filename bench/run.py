@@ -258,8 +258,18 @@ def run_size(n_files: int, args: argparse.Namespace, names: list[str], workloads
     progress.note(f"== {n_files:,} files ==")
     repo = ensure_repo(n_files, log=progress.note)
     run_repo(repo, f"{n_files:,}", WORK_DIR / f"run-{n_files}", args, names,
-             [w for w in workloads if not w.only_projects], can_drop, progress, watchdog, size_res,
-             largest=n_files == max(args.sizes))
+             [w for w in workloads if not w.only_projects and not w.only_big_tree], can_drop, progress,
+             watchdog, size_res, largest=n_files == max(args.sizes))
+
+
+def run_big_tree(args: argparse.Namespace, names: list[str], workloads: list[Workload], can_drop: bool,
+                 progress: Progress, watchdog: Watchdog, size_res: dict) -> None:
+    """Measure the big tree's workloads (bench/tree_workloads.py) on a repo of --big-tree files."""
+    progress.note(f"== big tree: {args.big_tree:,} files ==")
+    repo = ensure_repo(args.big_tree, log=progress.note)
+    run_repo(repo, f"big tree {args.big_tree:,}", WORK_DIR / "run-big-tree", args, names,
+             [w for w in workloads if w.only_big_tree], can_drop, progress, watchdog, size_res,
+             largest=False, big_tree=True)
 
 
 def run_projects(args: argparse.Namespace, names: list[str], workloads: list[Workload], can_drop: bool,
@@ -274,7 +284,7 @@ def run_projects(args: argparse.Namespace, names: list[str], workloads: list[Wor
 
 def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, names: list[str],
              workloads: list[Workload], can_drop: bool, progress: Progress, watchdog: Watchdog,
-             size_res: dict, largest: bool, projects: bool = False) -> None:
+             size_res: dict, largest: bool, projects: bool = False, big_tree: bool = False) -> None:
     size_res.update({
         "repo": {"files": len(repo.files), "bytes": repo.total_bytes, "path": str(repo.path)},
         "contenders": {}, "metrics": {}, "workload_errors": [], "notes": [], "workload_seconds": {},
@@ -306,7 +316,7 @@ def run_repo(repo: Repo, label: str, rundir: Path, args: argparse.Namespace, nam
             finally:
                 watchdog.disarm()
         ctx = Ctx(repo=repo, quick=args.quick, history_lengths=tuple(args.history), can_drop_caches=can_drop,
-                  tick=progress.tick, largest=largest, projects=projects, log=progress.note,
+                  tick=progress.tick, largest=largest, projects=projects, big_tree=big_tree, log=progress.note,
                   long_session=tuple(args.long_session), created_files=args.created_files)
         for w in workloads:
             run_workload(w, live, dead, ctx, size_res, progress, watchdog, args.batch_timeout)
@@ -347,6 +357,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 1000000,100000; quick 20000,2000); it and stall run at the largest size only")
     p.add_argument("--created-files", type=int, default=None,
                    help="files created before long_session's restore across them (default 20000; quick 5000)")
+    p.add_argument("--big-tree", type=int, default=None,
+                   help="files of the big tree's repo, where only big_tree runs (default 200000; quick 0: none)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--batch-timeout", type=float, default=3600.0,
                    help="seconds before the watchdog aborts a hung FUSE contender")
@@ -361,6 +373,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.history = [int(x) for x in hist.split(",")]
     long_session = args.long_session or ("20000,2000" if args.quick else "1000000,100000")
     args.long_session = [int(x) for x in long_session.split(",")]
+    if args.big_tree is None:
+        args.big_tree = 0 if args.quick else 200_000
     if args.created_files is None:
         args.created_files = 5000 if args.quick else 20000
     unknown = ([c for c in args.contenders if c not in ALL and c not in EXTRA]
@@ -412,11 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = Watchdog(progress)
     rc = 0
     try:
-        for n in args.sizes if any(not w.only_projects for w in workloads) else []:
+        for n in args.sizes if any(not w.only_projects and not w.only_big_tree for w in workloads) else []:
             size_res = results["sizes"][str(n)] = {}
             run_size(n, args, names, workloads, can_drop, progress, watchdog, size_res)
             results["meta"]["duration_s"] = time.monotonic() - t0
             report.write_all(results, args.out, with_plots=False)  # keep partial results
+        if args.big_tree and any(w.only_big_tree for w in workloads):
+            run_big_tree(args, names, workloads, can_drop, progress, watchdog, results.setdefault("big_tree", {}))
+            report.write_all(results, args.out, with_plots=False)
         if any(w.only_projects for w in workloads):
             try:
                 run_projects(args, names, workloads, can_drop, progress, watchdog, results.setdefault("projects", {}))
@@ -427,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         progress.note(f"interrupted ({e or 'SIGINT'}); writing what was measured")
         rc = 130
         results["sizes"] = {k: v for k, v in results["sizes"].items() if "repo" in v}
-        if "repo" not in results.get("projects", {}):
-            results.pop("projects", None)
+        for part in ("big_tree", "projects"):
+            if "repo" not in results.get(part, {}):
+                results.pop(part, None)
     finally:
         sweep_mounts(WORK_DIR, progress)
     results["meta"]["duration_s"] = time.monotonic() - t0

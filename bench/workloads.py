@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.contenders import Contender, ContenderError
+from bench.contenders import Contender, ContenderError, _git_env
 from bench.gen import BIG_FILE, BIG_FILE_SIZE, Repo, text_blob, vocabulary
 
 Samples = dict[str, list[int]]
@@ -98,6 +98,7 @@ class Ctx:
     tick: Callable[[int], None]
     largest: bool = True  # the run's largest repo size (the long workloads run there only)
     projects: bool = False  # the real projects' repo (bench/projects.py), not a generated one
+    big_tree: bool = False  # the big tree's repo (--big-tree): only its workloads run there
     long_session: tuple[int, int] = (20_000, 2_000)  # journal records, checkpoints
     created_files: int = 5_000  # long_session: files one loop creates before a restore across them
     log: Callable[[str], None] = print
@@ -155,6 +156,7 @@ class Workload:
     name = "base"
     only_checkpoint = False  # only contenders that checkpoint (shadow-git, overlayckpt)
     only_projects = False  # only on the real projects' repo (bench/project_workloads.py)
+    only_big_tree = False  # only on the big tree's repo (bench/tree_workloads.py)
     iterations = (1, 1)  # (quick, full) per contender
     rounds = (1, 1)
 
@@ -666,9 +668,12 @@ class RestoreDelta(Workload):
     100 files edited in place -> BIG files edited in place -> the same BIG files
     replaced by atomic saves (new inodes, so every name changed), then restores
     walking that chain down and up, so each restore crosses one delta, the small and
-    big ones alternated. After each, a metadata walk of the whole tree (every name
-    lstat'ed): what the restore left the next reader to pay. The reply's phases
-    (took_ms) go into the results' extra "restore_delta"."""
+    big ones alternated. Then a branch switch: SWITCH other files committed on a
+    branch of their own and `git switch` back (git rewrites each as a new inode,
+    and its index, HEAD and logs), restored across both ways. After each restore, a
+    metadata walk of the whole tree (every name lstat'ed): what the restore left the
+    next reader to pay. The reply's phases (took_ms) go into the results' extra
+    "restore_delta"."""
 
     name = "restore_delta"
     only_checkpoint = True
@@ -676,6 +681,7 @@ class RestoreDelta(Workload):
     rounds = (2, 5)
     SMALL = 100
     BIG = 20_000
+    SWITCH = 10_000
 
     def wanted(self, ctx):
         return len(ctx.repo.files) >= 4 * self.SMALL
@@ -683,9 +689,11 @@ class RestoreDelta(Workload):
     def setup(self, ctx):
         files = [p for p, _ in ctx.repo.files]
         random.Random(17).shuffle(files)
-        self.big_n = min(self.BIG, len(files) - 2 * self.SMALL)
+        self.big_n = min(self.BIG, (len(files) - 2 * self.SMALL) // 2)
+        self.switch_n = min(self.SWITCH, len(files) - 2 * self.SMALL - self.big_n)
         self.small = files[:self.SMALL]
         self.big = files[self.SMALL:self.SMALL + self.big_n]
+        self.switch = files[self.SMALL + self.big_n:][:self.switch_n]
         self.chain: dict[str, list[str]] = {}
         self.phases: dict[str, dict[str, list[float]]] = {}
 
@@ -721,8 +729,29 @@ class RestoreDelta(Workload):
             if i % 1000 == 0:
                 ctx.tick(0)
         chain.append(c.checkpoint())
-        self.chain[c.name] = chain  # base, small, big edits, big saves
+        chain += self._branch_switch(c, ctx)
+        self.chain[c.name] = chain  # base, small, big edits, big saves, on branch, back
         self._walk(root)
+
+    def _branch_switch(self, c, ctx) -> list[str]:
+        """[checkpoint on a branch whose last commit changed the SWITCH files, checkpoint
+        after `git switch` back]; other changes stay uncommitted in the work tree."""
+        root = c.root
+
+        def git(*args: str, data: bytes | None = None) -> str:
+            return subprocess.run(["git", *args], cwd=root, input=data, check=True, capture_output=True,
+                                  env=_git_env(), timeout=SUBPROCESS_TIMEOUT).stdout.decode().strip()
+        home = git("rev-parse", "--abbrev-ref", "HEAD")
+        git("switch", "-q", "-c", "bench-switch")
+        for i, rel in enumerate(self.switch):
+            self._edit(root, rel, b"/* delta switch */\n")
+            if i % 1000 == 0:
+                ctx.tick(0)
+        git("add", "--pathspec-from-file=-", data="\n".join(self.switch).encode())
+        git("commit", "-q", "-m", "bench: switch")
+        on_branch = c.checkpoint()
+        git("switch", "-q", home)
+        return [on_branch, c.checkpoint()]
 
     @staticmethod
     def _walk(root: Path) -> int:
@@ -742,20 +771,29 @@ class RestoreDelta(Workload):
                                  f"(want {tag!r})")
 
     def run(self, c, ctx, start, count, out):
-        base, small, edits, saves = self.chain[c.name]
-        big = f"{self.big_n}"
-        # (from, to, metric, a file and what it must start with afterwards)
-        steps = [(edits, f"edit_{big}", self.big[0], b"/* delta big */"),
+        base, small, edits, saves, on_branch, back = self.chain[c.name]
+        big, switch = f"{self.big_n}", f"switch_{self.switch_n}"
+        # (to, metric or None: not measured, a file and what it must start with afterwards);
+        # from the state prepare left (back from the branch), and back to it
+        steps = [(on_branch, switch, self.switch[0], b"/* delta switch */"),
+                 (back, switch, self.switch[1], None),
+                 (saves, None, self.big[3], b"/* delta save */"),
+                 (edits, f"edit_{big}", self.big[0], b"/* delta big */"),
                  (small, f"edit_{big}", self.big[1], None),
                  (base, f"edit_{self.SMALL}", self.small[0], None),
                  (small, f"edit_{self.SMALL}", self.small[1], b"/* delta small */"),
                  (edits, f"edit_{big}", self.big[2], b"/* delta big */"),
-                 (saves, f"save_{big}", self.big[3], b"/* delta save */")]
+                 (saves, f"save_{big}", self.big[3], b"/* delta save */"),
+                 (back, None, self.switch[2], None)]
         for _ in range(count):
             for target, what, rel, tag in steps:
                 t0 = now()
                 c.restore(target)
-                _add(out, f"restore_delta_{what}", now() - t0)
+                took = now() - t0
+                if what is None:
+                    self._check(c, rel, tag)
+                    continue
+                _add(out, f"restore_delta_{what}", took)
                 reply = getattr(c, "last_restore", None) or {}
                 for phase, ms in (reply.get("took_ms") or {}).items():
                     self.phases.setdefault(what, {}).setdefault(phase, []).append(ms)
@@ -822,6 +860,7 @@ def all_workloads() -> list[Workload]:
     from bench.fork_workloads import Fork  # (these build on this module)
     from bench.project_workloads import project_workloads
     from bench.session_workloads import LongSession, Stall
+    from bench.tree_workloads import tree_workloads
     return [
         EditFirst(),
         EditRepeat(),
@@ -849,5 +888,6 @@ def all_workloads() -> list[Workload]:
         Stall(),
         LongSession(),
         *project_workloads(),
+        *tree_workloads(),
     ]
 
