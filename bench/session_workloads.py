@@ -38,6 +38,7 @@ from bench.contenders import (
     run_cli,
     wait_mounted,
 )
+from bench.tree_workloads import rss_bytes
 from bench.workloads import Ctx, Samples, Workload, _add, now
 
 # -- probes of the mount -----------------------------------------------------------
@@ -357,6 +358,10 @@ class LongSession(Workload):
 
     def finish(self, c, ctx):
         c.also_abort.remove(self.minor)
+        # the daemon's resident memory after every command above (SPEC: <= 300 MB)
+        pid = json.loads(self._cli("status", "--json", "--mount", str(self.mnt))).get("pid")
+        if pid:
+            ctx.extra["long_session"][c.name]["daemon_rss"] = rss_bytes(pid)
         if is_mounted(self.mnt):
             try:
                 self._cli("unmount", str(self.mnt), "--no-apply", timeout=120)
