@@ -122,6 +122,12 @@ class Node:
     def is_dir(self) -> bool:
         return self.children is not None
 
+    @property
+    def entries(self) -> dict[bytes, int]:
+        """A directory's children (asked of a directory only)."""
+        assert self.children is not None, "not a directory"
+        return self.children
+
 
 def fail(err: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(err)
@@ -197,7 +203,7 @@ class FaultFs(pyfuse3.Operations):
         self._load_dir(self.image, root)
         for node in self.nodes.values():
             if node.is_dir:
-                self.dtree[node.ino] = dict(node.children)
+                self.dtree[node.ino] = dict(node.entries)
             else:
                 node.dsize, node.dpages = node.size, dict(node.pages)
             self.dmode[node.ino] = node.mode
@@ -213,7 +219,7 @@ class FaultFs(pyfuse3.Operations):
             node.atime, node.mtime, node.ctime = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
             node.name = os.fsencode(e.name)
             self.nodes[node.ino] = node
-            dnode.children[os.fsencode(e.name)] = node.ino
+            dnode.entries[os.fsencode(e.name)] = node.ino
             if node.is_dir:
                 dnode.nlink += 1
                 self._load_dir(e.path, node)
@@ -320,7 +326,7 @@ class FaultFs(pyfuse3.Operations):
     @guarded
     async def lookup(self, parent_inode, name, ctx=None):
         d = self._dir(parent_inode)
-        ino = d.children.get(name)
+        ino = d.entries.get(name)
         if ino is None:
             raise fail(errno.ENOENT)
         return self._attr(self.nodes[ino])
@@ -357,12 +363,12 @@ class FaultFs(pyfuse3.Operations):
 
     def _new_entry(self, parent_inode: int, name: bytes, mode: int, ctx) -> Node:
         d = self._dir(parent_inode)
-        if name in d.children:
+        if name in d.entries:
             raise fail(errno.EEXIST)
         node = Node(self._new_ino(parent_inode, name), mode, ctx.uid, ctx.gid)
         node.name = name
         self.nodes[node.ino] = node
-        d.children[name] = node.ino
+        d.entries[name] = node.ino
         if node.is_dir:
             d.nlink += 1
         self._touch(d)
@@ -389,7 +395,7 @@ class FaultFs(pyfuse3.Operations):
     @guarded
     async def create(self, parent_inode, name, mode, flags, ctx):
         d = self._dir(parent_inode)
-        ino = d.children.get(name)
+        ino = d.entries.get(name)
         if ino is not None:
             if flags & os.O_EXCL:
                 raise fail(errno.EEXIST)
@@ -448,7 +454,7 @@ class FaultFs(pyfuse3.Operations):
     async def _hold(self, ino: int) -> None:
         """The slow disk of --hold-fsync: wait while IMAGE_DIR.hold exists."""
         if self.hold_name is None or not any(
-                n.children.get(self.hold_name) == ino for n in self.nodes.values() if n.is_dir):
+                n.entries.get(self.hold_name) == ino for n in self.nodes.values() if n.is_dir):
             return
         hold, held = self.image + ".hold", self.image + ".held"
         if not os.path.exists(hold):
@@ -472,7 +478,7 @@ class FaultFs(pyfuse3.Operations):
 
     def _unlink(self, parent_inode: int, name: bytes, want_dir: bool) -> None:
         d = self._dir(parent_inode)
-        ino = d.children.get(name)
+        ino = d.entries.get(name)
         if ino is None:
             raise fail(errno.ENOENT)
         node = self.nodes[ino]
@@ -487,7 +493,7 @@ class FaultFs(pyfuse3.Operations):
             if node.is_dir:
                 raise fail(errno.EISDIR)
             node.nlink -= 1
-        del d.children[name]
+        del d.entries[name]
         node.ctime = time.time_ns()
         self._touch(d)
         self._log(("unlink", parent_inode, name))
@@ -503,15 +509,15 @@ class FaultFs(pyfuse3.Operations):
     @guarded
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         src, dst = self._dir(parent_inode_old), self._dir(parent_inode_new)
-        ino = src.children.get(name_old)
+        ino = src.entries.get(name_old)
         if ino is None:
             raise fail(errno.ENOENT)
         node = self.nodes[ino]
-        old = dst.children.get(name_new)
+        old = dst.entries.get(name_new)
         if flags & RENAME_EXCHANGE:
             if old is None:
                 raise fail(errno.ENOENT)
-            src.children[name_old], dst.children[name_new] = old, ino
+            src.entries[name_old], dst.entries[name_new] = old, ino
             if node.is_dir != self.nodes[old].is_dir:
                 d1, d2 = (src, dst) if node.is_dir else (dst, src)
                 d1.nlink -= 1
@@ -534,8 +540,8 @@ class FaultFs(pyfuse3.Operations):
                     raise fail(errno.ENOTDIR)
                 else:
                     target.nlink -= 1
-            del src.children[name_old]
-            dst.children[name_new] = ino
+            del src.entries[name_old]
+            dst.entries[name_new] = ino
             if node.is_dir:
                 src.nlink -= 1
                 dst.nlink += 1
@@ -557,7 +563,7 @@ class FaultFs(pyfuse3.Operations):
         entries = self.dirhandles[fh]
         ino = entries[0][1]
         if start_id == 0:  # a fresh listing (also after rewinddir)
-            entries[1:] = sorted(self._dir(ino).children.items())
+            entries[1:] = sorted(self._dir(ino).entries.items())
         for i in range(start_id, len(entries) - 1):
             name, child = entries[i + 1]
             node = self.nodes.get(child)
@@ -616,6 +622,7 @@ class FaultFs(pyfuse3.Operations):
                 chosen = [v for v in node.pending if v[0] is not None and rng.random() < p]
                 rng.shuffle(chosen)
                 for idx, page, *_ in chosen:
+                    assert idx is not None and page is not None  # (a page's write: both set)
                     pages[idx] = page
                 persisted += len(chosen)
                 size = rng.choice([node.dsize] + [v[2] for v in node.pending])
@@ -647,6 +654,7 @@ class FaultFs(pyfuse3.Operations):
                 for idx, page, psize, wno in node.pending:
                     if first <= wno <= last:
                         if idx is not None:
+                            assert page is not None  # (a page's write: both set)
                             pages[idx] = page
                             persisted += 1
                         size = psize
@@ -667,7 +675,7 @@ class FaultFs(pyfuse3.Operations):
         return report
 
     def clean_image(self) -> dict[str, Any]:
-        vtree = {ino: dict(n.children) for ino, n in self.nodes.items() if n.is_dir}
+        vtree = {ino: dict(n.entries) for ino, n in self.nodes.items() if n.is_dir}
         vmode = {ino: n.mode for ino, n in self.nodes.items()}
         contents = {ino: (n.size, n.pages) for ino, n in self.nodes.items() if not n.is_dir}
         report: dict[str, Any] = {"event": "unmount", "mode": self.mode, "seed": self.seed}

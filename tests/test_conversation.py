@@ -8,13 +8,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import CLI, Mount, conversation, run_cli, summaries
 
 # Recorded Claude Code hook events (field names as Claude Code sends them).
-EVENTS = {
+EVENTS: dict[str, dict[str, Any]] = {
     "UserPromptSubmit": {"hook_event_name": "UserPromptSubmit", "session_id": "s1",
                          "transcript_path": "", "cwd": "", "prompt": "fix the login bug"},
     "PreToolUse": {"hook_event_name": "PreToolUse", "session_id": "s1", "transcript_path": "",
@@ -194,7 +195,7 @@ def test_install_hooks_keeps_existing_settings(tmp_path: Path) -> None:
     home, project = tmp_path / "home", tmp_path / "project"
     settings = home / ".claude" / "settings.json"
     settings.parent.mkdir(parents=True)
-    mine = {"permissions": {"allow": ["Bash(ls)"]},
+    mine: dict[str, Any] = {"permissions": {"allow": ["Bash(ls)"]},
             "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "x"}]}]}}
     settings.write_text(json.dumps(mine))
     # an install by an earlier version, in the project (inside the captured tree)

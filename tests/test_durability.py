@@ -75,12 +75,12 @@ def test_cut_after_a_sync_point_rolls_back_to_it(tmp_path: Path, seed: int,
     # churn: deletes free pages that later commits reuse (which the pin must forbid)
     keys = list(before)
     for k in keys[: len(keys) // 2]:
-        store.write(lambda w, k=k: w.delete(TABLE, k))
+        store.write(lambda w: w.delete(TABLE, k))
     synced_state = _contents(store)
     store.sync()
     shutil.copytree(live, durable)  # what the disk holds once the sync point returned
     for k in list(synced_state)[:50]:
-        store.write(lambda w, k=k: w.delete(TABLE, k))
+        store.write(lambda w: w.delete(TABLE, k))
     _put_many(store, rng, 300, "new")  # never synced
     persisted = _crash_image(durable, live, tmp_path / "cut", rng)
     _kill(store)
@@ -136,7 +136,7 @@ def test_torn_unsynced_commits_in_the_same_incarnation_fall_back(
     store = Store.open(str(path))
     _put_many(store, rng, 200, "old")
     for k in list(_contents(store))[:100]:  # free pages for the commits after to reuse
-        store.write(lambda w, k=k: w.delete(TABLE, k))
+        store.write(lambda w: w.delete(TABLE, k))
     want = _contents(store)
     store.sync()
     durable = (path / "data.mdb").read_bytes()
@@ -262,12 +262,12 @@ def test_map_growth_never_runs_under_an_open_read(tmp_path: Path) -> None:
     value = b"x" * 60000
     with pytest.raises(FsError) as e:
         for i in range(100):
-            store.write(lambda w, i=i: w.put(TABLE, b"k%d" % i, value))
+            store.write(lambda w: w.put(TABLE, b"k%d" % i, value))
     assert e.value.errno == errno.ENOSPC and "long read" in str(e.value)
     assert dict(view.range_from(TABLE)) == before  # the view still reads its snapshot
     store.end_read(view)
     for i in range(100):
-        store.write(lambda w, i=i: w.put(TABLE, b"k%d" % i, value))
+        store.write(lambda w: w.put(TABLE, b"k%d" % i, value))
     assert store.env.info()["map_size"] > 1 << 20
     assert len(_contents(store)) == 100
     store.close()

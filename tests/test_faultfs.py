@@ -156,7 +156,7 @@ def test_rename_without_fsyncdir_may_be_undone(tmp_path: Path) -> None:
         (image / "b").write_bytes(b"B")
         with faultfs(image, mnt, seed=1, mode=mode) as fs:
             os.replace(mnt / "a", mnt / "b")
-            fsync_dir(mnt)
+            fsync_dir(str(mnt))  # (fsync_dir is typed str: a Path works as well)
             fs.cut()
         assert sorted((p.name, p.read_bytes()) for p in image.iterdir()) == [("b", b"A")]
 

@@ -183,7 +183,7 @@ HOOK = str(hook_program())  # install-hooks writes the compiled hook's absolute 
 def test_install_hooks_gemini_merges_and_uninstalls(tmp_path: Path) -> None:
     settings = tmp_path / ".gemini" / "settings.json"
     settings.parent.mkdir()
-    mine = {"theme": "GitHub", "hooks": {"BeforeTool": [{"matcher": "write_file", "hooks": [
+    mine: dict[str, Any] = {"theme": "GitHub", "hooks": {"BeforeTool": [{"matcher": "write_file", "hooks": [
         {"type": "command", "command": "./check.sh"}]}]}, "mcpServers": {"other": {"command": "srv"}}}
     settings.write_text(json.dumps(mine))
     for _ in range(2):  # idempotent
@@ -214,7 +214,8 @@ def test_install_hooks_qwen_writes_millisecond_timeouts(tmp_path: Path) -> None:
     (seconds there: 10 ms, and nothing is ever logged); its MCP servers in the same file."""
     settings = tmp_path / ".qwen" / "settings.json"
     settings.parent.mkdir()
-    mine = {"model": {"name": "x"}, "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "./done.sh"}]}]}}
+    mine: dict[str, Any] = {"model": {"name": "x"},
+                            "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "./done.sh"}]}]}}
     settings.write_text(json.dumps(mine))
     for _ in range(2):
         install("qwen", tmp_path)
@@ -232,8 +233,8 @@ def test_install_hooks_qwen_writes_millisecond_timeouts(tmp_path: Path) -> None:
 def test_install_hooks_cursor_merges_and_uninstalls(tmp_path: Path) -> None:
     hooks, mcp = tmp_path / ".cursor" / "hooks.json", tmp_path / ".cursor" / "mcp.json"
     hooks.parent.mkdir()
-    mine = {"version": 1, "hooks": {"afterFileEdit": [{"command": "./format.sh"}],
-                                    "preToolUse": [{"command": "./guard.sh", "matcher": "Shell"}]}}
+    mine: dict[str, Any] = {"version": 1, "hooks": {"afterFileEdit": [{"command": "./format.sh"}],
+                                                    "preToolUse": [{"command": "./guard.sh", "matcher": "Shell"}]}}
     hooks.write_text(json.dumps(mine))
     mcp.write_text(json.dumps({"mcpServers": {"other": {"url": "http://x"}}}))
     for _ in range(2):
@@ -257,8 +258,8 @@ def test_install_hooks_fresh_cursor_file_is_version_1(tmp_path: Path) -> None:
 
 def test_install_hooks_claude_registers_the_mcp_server_at_user_scope(tmp_path: Path) -> None:
     user = tmp_path / ".claude.json"
-    mine = {"numStartups": 3, "projects": {"/x": {"allowedTools": []}},
-            "mcpServers": {"other": {"type": "stdio", "command": "srv", "args": [], "env": {}}}}
+    mine: dict[str, Any] = {"numStartups": 3, "projects": {"/x": {"allowedTools": []}},
+                            "mcpServers": {"other": {"type": "stdio", "command": "srv", "args": [], "env": {}}}}
     user.write_text(json.dumps(mine))
     install("claude-code", tmp_path)
     got = json.loads(user.read_text())

@@ -1088,16 +1088,17 @@ def test_names_and_paths_at_the_limits_as_natively(sample: Mount, tmp_path: Path
 
     def calls(root: Path) -> list[tuple]:
         p = root / long_name
-        out = [outcome(lambda c=c: c()) for c in (
+        out = [outcome(c) for c in (
             lambda: os.stat(p), lambda: os.chmod(p, 0o600), lambda: os.unlink(p),
             lambda: os.rmdir(p), lambda: os.truncate(p, 0), lambda: os.rename(root / "nope", p),
             lambda: os.link(root / "nope", p), lambda: os.mkdir(p), lambda: open(p, "w"),
             lambda: os.symlink("x", p))]
         # 128-byte names down to PATH_MAX (4,096 with its NUL): each call as natively
-        here, names = root, []
+        here = root
+        names: list[tuple] = []
         while len(str(here)) + 129 < 4095:
             here = here / (f"d{len(names):03d}" + "x" * 124)
-            names.append(outcome(lambda h=here: os.mkdir(h)))
+            names.append(outcome(lambda: os.mkdir(here)))
         out.append(tuple(names))
         last = here / ("f" * (4094 - len(str(here)) - 1))
         for c in (lambda: last.write_text("x"), lambda: os.stat(last).st_size,

@@ -392,8 +392,8 @@ def one_cut(base: Path, seed: int, mode: str, duration: float,
             pid = daemon_pid(store)
             assert pid and proc_alive(pid), "no daemon pid in session.json"
             if HELP_DIRS:  # diagnostic: stand in for the directory fsyncs the product lacks
-                fsync_dir(store)
-                fsync_dir(ffmnt)
+                fsync_dir(str(store))  # (fsync_dir is typed str: a Path works as well)
+                fsync_dir(str(ffmnt))
             storm_seed = rng.randrange(1 << 30)
             if torn is None:
                 storm = run_storm(mnt, storm_seed, logpath)
@@ -414,6 +414,7 @@ def one_cut(base: Path, seed: int, mode: str, duration: float,
                 out["faultfs"] = rep if rep is not None else fs.cut()
                 cut_at = time.time()  # (after the freeze: an fsync answered later is checked too)
             elif storm.poll() is not None:
+                assert storm.stderr is not None  # (run_storm pipes it)
                 raise AssertionError(f"the storm ended before the cut: {read_events(logpath)[-1:]} "
                                      f"{storm.stderr.read().decode()[-2000:]}")
             if torn is not None:
@@ -423,18 +424,21 @@ def one_cut(base: Path, seed: int, mode: str, duration: float,
                 storm.kill()
                 proc = cli("unmount", str(mnt))
                 assert proc.returncode == 0, f"unmount failed: {proc.stderr}"
-                wait_for(lambda: not proc_alive(pid), "the daemon to exit after unmount", COMMAND_TIMEOUT)
+                daemon = pid  # (an int: pid's narrowing does not reach into a lambda)
+                wait_for(lambda: not proc_alive(daemon), "the daemon to exit after unmount", COMMAND_TIMEOUT)
             else:
                 cut_at = time.time()
                 out["faultfs"] = fs.cut()
         finally:
             if pid and proc_alive(pid):
                 os.kill(pid, signal.SIGKILL)
-                wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die", 10)
+                dying = pid  # (an int: pid's narrowing does not reach into a lambda)
+                wait_for(lambda: not proc_alive(dying), f"daemon {pid} to die", 10)
             if storm is not None:
                 if storm.poll() is None:
                     storm.kill()
                 storm.wait()
+                assert storm.stderr is not None  # (run_storm pipes it)
                 storm.stderr.close()
             unmount_session(mnt, store, pid)
         fs.unmount()
@@ -596,7 +600,7 @@ def run_cuts(tmp: Path, n: int, seed: int, modes: list[str], durations: tuple[fl
         base = tmp / f"cut{i:04d}"
         o = one_cut(base, cut_seed, mode, duration)
         outcomes.append(o)
-        short = {k: o[k] for k in ("seed", "mode", "duration", "status", "events", "fsynced", "named",
+        short: dict[str, Any] = {k: o[k] for k in ("seed", "mode", "duration", "status", "events", "fsynced", "named",
                                    "checked_paths", "lmdb_damaged", "seconds") if k in o}
         ff = o.get("faultfs", {})
         short["ff"] = {k: ff.get(k) for k in ("ns_pending", "ns_persisted", "pages_pending", "pages_persisted")}

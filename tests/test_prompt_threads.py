@@ -37,7 +37,7 @@ def slice_of(tid: int) -> int | None:
 def kernel_keeps_slices() -> bool:
     """Whether this kernel keeps a fair thread's slice (Linux 6.12 on): tried on a thread
     of ours, which then ends."""
-    got: list[int] = []
+    got: list[int | None] = []
 
     def probe() -> None:
         attr = ctypes.create_string_buffer(struct.pack(_ATTR, 48, 0, 0, 0, 0, PROMPT_SLICE_NS, 0, 0), 48)

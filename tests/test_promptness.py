@@ -135,6 +135,7 @@ def test_sigterm_stops_the_daemon_while_a_command_runs(tmp_path: Path) -> None:
     try:
         (mnt / "new.txt").write_text("kept\n")
         pid = daemon_pid(store)
+        assert pid is not None
         with slow_export(mnt, store, tmp_path / "out") as export:
             os.kill(pid, signal.SIGTERM)
             wait_for(lambda: gone(pid, mnt), "the daemon to exit and the mount to go", SLOW)
@@ -163,6 +164,7 @@ def test_unmount_in_place_applies_while_a_command_runs(tmp_path: Path, torn_down
     run_cli("mount", str(repo), "--store", str(store))
     (repo / "new.txt").write_text("applied\n")
     pid = daemon_pid(store)
+    assert pid is not None
     with slow_export(repo, store, tmp_path / "out") as export:
         proc = subprocess.run(CLI + ["unmount", str(repo)], capture_output=True, text=True,
                               timeout=SLOW)

@@ -39,7 +39,11 @@ def one_reader(m: Mount) -> int:
     daemon = daemon_pid(m.store)
     assert daemon
     found: list[int] = []
-    wait_for(lambda: found.extend(readers(daemon)) or found, "the daemon's reader")
+
+    def found_one() -> list[int]:
+        found.extend(readers(daemon))
+        return found
+    wait_for(found_one, "the daemon's reader")
     return found[0]
 
 
@@ -109,7 +113,9 @@ def test_stopping_the_daemon_does_not_wait_for_a_reading(repo: Path, mount_facto
     m = mount_factory(repo)
     reader, log = held_up_log(m)
     t0 = time.monotonic()
-    os.kill(daemon_pid(m.store), signal.SIGTERM)
+    daemon = daemon_pid(m.store)
+    assert daemon is not None
+    os.kill(daemon, signal.SIGTERM)
     assert stop_daemon(m.store) is None
     assert time.monotonic() - t0 < 10, "the daemon waited for its reader"
     _, err = log.communicate(timeout=DEADLINE)

@@ -265,6 +265,7 @@ def storm_until(m: Mount, seed: int, tag: str, kill_after: int, nops: int = 600)
     Returns every (path, blake2b) the child saw acknowledged before it died."""
     child = subprocess.Popen([sys.executable, "-c", STORM, str(m.mnt), str(seed), str(nops), tag],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert child.stdout is not None  # (stdout=PIPE)
     acked: list[tuple[str, str]] = []
     killed = False
     buf = b""
@@ -561,7 +562,8 @@ def test_full_disk_damages_nothing_and_recovers(tmp_path: Path) -> None:
             # ENOSPC is right; EIO is test_full_disk_gives_enospc's bug, tolerated here
             assert err.errno in (errno.ENOSPC, errno.EIO), f"a full disk gave {err!r}"
             assert written, "not even one file fit"
-            assert proc_alive(daemon_pid(m.store)), "the daemon died on a full disk"
+            daemon = daemon_pid(m.store)
+            assert daemon is not None and proc_alive(daemon), "the daemon died on a full disk"
             # small operations on a full disk: each fails or works, the daemon lives
             for op in (lambda: (m.mnt / "small").write_text("s"), lambda: (m.mnt / "d").mkdir(),
                        lambda: os.rename(m.mnt / "w0", m.mnt / "w0-renamed"),
@@ -571,7 +573,8 @@ def test_full_disk_damages_nothing_and_recovers(tmp_path: Path) -> None:
                     op()
                 except OSError as e:
                     assert e.errno in (errno.ENOSPC, errno.EIO), f"{e!r} on a full disk"
-            assert proc_alive(daemon_pid(m.store)), "the daemon died on a full disk"
+            daemon = daemon_pid(m.store)
+            assert daemon is not None and proc_alive(daemon), "the daemon died on a full disk"
             # nothing already written is damaged
             for name, data in written.items():
                 assert (m.mnt / name).read_bytes() == data, f"{name} damaged by the full disk"
@@ -1045,14 +1048,16 @@ def shared_records(path: Path, workers: int) -> dict[int, int]:
     for k in range(0, len(data), 64):
         rec = data[k:k + 64]
         assert rec.endswith(b"\n"), f"torn record at {k}: {rec!r}"
-        w, n = rec.split()[:2]
-        w = int(w[1:])
+        tag, n = rec.split()[:2]
+        w = int(tag[1:])
         assert int(n) == counts[w], f"writer {w}: record {int(n)} where {counts[w]} was due"
         counts[w] += 1
     return counts
 
 
-def run_workers(root: Path, workers: int, nops: int, trace: bool = False) -> list[list[tuple[str, int]]]:
+def run_workers(root: Path, workers: int, nops: int, trace: bool = False) -> list[list[tuple[str, int, str]]]:
+    """Each worker's trace (trace: True): its subdir's digest, its appends so far and its
+    listing after each step."""
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(root), str(w), str(nops),
                                "trace" if trace else "run", TESTS_DIR],
                               stdout=subprocess.PIPE, text=True) for w in range(workers)]
@@ -1060,7 +1065,7 @@ def run_workers(root: Path, workers: int, nops: int, trace: bool = False) -> lis
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, f"worker failed with {p.returncode}"
-        traces.append([(d, int(n), *rest) for d, n, *rest in (line.split() for line in out.splitlines())])
+        traces.append([(d, int(n), listing) for d, n, listing in (line.split() for line in out.splitlines())])
     return traces
 
 
@@ -1068,7 +1073,9 @@ class Checkpointer:
     """Takes named checkpoints through ctl, back to back, until stopped."""
 
     def __init__(self, m: Mount) -> None:
-        self.m, self.ids, self.errors = m, [], []
+        self.m = m
+        self.ids: list[int] = []
+        self.errors: list[dict[str, Any] | str] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run)
 
@@ -1421,6 +1428,7 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
     try:
         mount(repo, m.mnt, m.store)
         pid = daemon_pid(m.store)
+        assert pid is not None
         # everything that needs Python first: the new file, the lookups
         burst = os.open(m.mnt / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         readme = os.open(m.mnt / "README.md", os.O_WRONLY)  # (a repo file, never written)
@@ -1457,6 +1465,7 @@ def test_sigterm_stores_acknowledged_writes_before_it_applies(tmp_path: Path) ->
     run_cli("mount", str(repo), "--store", str(store))
     try:
         pid = daemon_pid(store)
+        assert pid is not None
         burst = os.open(repo / "burst.bin", os.O_CREAT | os.O_WRONLY, 0o644)
         blocks = [(b"%07d\n" % i) * 512 for i in range(200)]
         with daemon_busy(repo) as still_busy:

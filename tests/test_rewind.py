@@ -11,16 +11,17 @@ import termios
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyte
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import CLI, Mount
-from overlayckpt.cli.rewind import build_app
+from overlayckpt.cli.rewind import Rewind, build_app
 
 
-def drive(m: Mount, keys: list[str]) -> tuple[object, object]:
+def drive(m: Mount, keys: list[str]) -> tuple[dict[str, Any] | None, Rewind]:
     with create_pipe_input() as pipe:
         app, state = build_app(m.ctl_ok, input=pipe, output=DummyOutput())
         result: dict = {}

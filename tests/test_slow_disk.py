@@ -17,7 +17,9 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -26,6 +28,8 @@ from helpers_faultfs import faultfs
 from overlayckpt.store import synced
 from overlayckpt.store.lmdbstore import AHEAD_PAGES
 from test_promptness import _wchan
+
+T = TypeVar("T")
 
 MB = 1 << 20
 WRITTEN = 64 * MB  # far more than a writer may get ahead (AHEAD_PAGES pages, 8 MiB)
@@ -48,9 +52,9 @@ print(digest.hexdigest(), flush=True)
 '''
 
 
-def _answered_in_time(fn, what: str) -> object:
+def _answered_in_time(fn: Callable[[], T], what: str) -> T:
     """fn() from another thread: its result, or fail if it does not return within ANSWER."""
-    out: list[object] = []
+    out: list[T] = []
     thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
     thread.start()
     thread.join(ANSWER)

@@ -83,8 +83,9 @@ def test_commands_writing_at_once_are_a_checkpoint_each(session: Session) -> Non
         ("a", ["f.txt"]), ("b", ["f.txt", "g.txt"])]
 
     def at(ck: Any, path: str) -> bytes:
-        return ov.live(lambda r: ov.read_all(AtCheckpoint(r, ck.seq),
-                                             ov.resolve(AtCheckpoint(r, ck.seq), path)))
+        # (store.read: what live does, with the ReadTxn its fn gets typed as one)
+        return ov.store.read(lambda r: ov.read_all(AtCheckpoint(r, ck.seq),
+                                                   ov.resolve(AtCheckpoint(r, ck.seq), path)))
     assert (at(cks[0], "f.txt"), at(cks[0], "g.txt")) == (b"a2", b"b1")
     assert (at(cks[1], "f.txt"), at(cks[1], "g.txt")) == (b"b3", b"b2")
     assert content(ov, "g.txt") == b"b2"

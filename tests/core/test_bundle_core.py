@@ -38,7 +38,8 @@ def record(s: Session) -> None:
 def every_tree(s: Session) -> dict[Any, dict[str, tuple]]:
     tl = Timeline(s.ctx)
     ids = [c.id for c in s.store.read(tl.all)]
-    out = {cid: tree_of(s.overlay, lambda r, cid=cid: tl.state(r, tl.get(r, cid))) for cid in ids}
+    out: dict[int | str, dict[str, tuple]] = {cid: tree_of(s.overlay, lambda r: tl.state(r, tl.get(r, cid)))
+                                             for cid in ids}
     out["live"] = tree_of(s.overlay)
     return out
 

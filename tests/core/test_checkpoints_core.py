@@ -151,7 +151,7 @@ def test_unknown_checkpoint_refs(session: Session) -> None:
     tl = Timeline(session.ctx)
     for ref in ("nope", 99, True, None, "@before-last"):
         with pytest.raises(UserError):
-            session.store.read(lambda r, ref=ref: tl.get(r, ref))
+            session.store.read(lambda r: tl.get(r, ref))
 
 
 # -- restore ------------------------------------------------------------------------------
@@ -378,14 +378,18 @@ def test_a_name_stored_before_the_rule_still_resolves_by_exact_lookup(session: S
     """"-1" or "a b" are refused now; a store that holds one keeps finding it by its own
     name, and ids stay ASCII digits: "１" and "²" never read as ids."""
     from overlayckpt.records import u64
+    from overlayckpt.store.lmdbstore import WriteTxn
     from overlayckpt.tables import NAMES
     tl = Timeline(session.ctx)
     ck = tl.checkpoint("fine", None, ME)
-    session.store.write(lambda w: (w.put(NAMES, b"-1", u64(ck.id)), w.put(NAMES, b"a b", u64(ck.id))))
+    def put_names(w: WriteTxn) -> None:
+        w.put(NAMES, b"-1", u64(ck.id))
+        w.put(NAMES, b"a b", u64(ck.id))
+    session.store.write(put_names)
     assert session.store.read(lambda r: (tl.get(r, "-1").id, tl.get(r, "a b").id)) == (ck.id, ck.id)
     for ref in ("１", "²", "", "\udcff", "\ud800", "x" * 600, -1, 1 << 70):
         with pytest.raises(UserError, match="unknown checkpoint"):
-            session.store.read(lambda r, ref=ref: tl.get(r, ref))
+            session.store.read(lambda r: tl.get(r, ref))
     for name in ("-2", "a c", "x\0y", "\ud800", ".", ".."):
         with pytest.raises(UserError, match="bad checkpoint name"):
             tl.checkpoint(name, None, ME)

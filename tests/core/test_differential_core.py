@@ -139,6 +139,11 @@ class ThroughOverlay:
         self.ov.setxattr(ME, ino(self.ov, path), name.encode(), value)
 
 
+def errname(e: int | None) -> str | int | None:
+    """An outcome's errno by name (as it is if unnamed; None: it succeeded)."""
+    return None if e is None else errno.errorcode.get(e, e)
+
+
 def outcome(fn: Callable[..., None], *args: Any) -> int | None:
     try:
         fn(*args)
@@ -251,8 +256,8 @@ async def test_random_operations_match_a_native_directory(seed: int, open_sessio
         history.append(f"{kind}{tuple(a if not isinstance(a, bytes) or len(a) < 12 else a[:8] for a in args)}")
         want = outcome(getattr(native, kind), *args)
         got = outcome(getattr(through, kind), *args)
-        assert got == want, (f"seed {seed}, step {steps}: native {errno.errorcode.get(want, want)}, "
-                             f"overlay {errno.errorcode.get(got, got)}; last ops:\n" + "\n".join(history[-8:]))
+        assert got == want, (f"seed {seed}, step {steps}: native {errname(want)}, "
+                             f"overlay {errname(got)}; last ops:\n" + "\n".join(history[-8:]))
         if steps % 25 == 0:
             assert full_overlay(s.overlay) == full_native(native_root), f"seed {seed}: {history[-8:]}"
             name = f"step{steps}"
@@ -262,7 +267,7 @@ async def test_random_operations_match_a_native_directory(seed: int, open_sessio
     # the recorded checkpoints: each still shows the native tree as it was then
     tl = Timeline(s.ctx)
     for name, tree in recorded.items():
-        assert tree_of(s.overlay, lambda r, name=name: tl.state(r, tl.get(r, name))) == tree, name
+        assert tree_of(s.overlay, lambda r: tl.state(r, tl.get(r, name))) == tree, name
     # and a restore to the origin gives back the repo's tree (with counts and xattrs)
     await tl.restore(0, ME)
     assert full_overlay(s.overlay) == origin

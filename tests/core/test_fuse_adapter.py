@@ -49,7 +49,31 @@ class FakeCore:
         return method
 
 
-CTX = SimpleNamespace(pid=0, uid=1000, gid=1000, umask=0o022)
+class FakeCtx(pyfuse3.RequestContext):
+    """A RequestContext with its fields given: pyfuse3's own has them read-only, set by
+    pyfuse3 alone for a request (this one overrides their properties)."""
+
+    def __init__(self, pid: int, uid: int, gid: int, umask: int) -> None:
+        self._fields = (pid, uid, gid, umask)
+
+    @property
+    def pid(self) -> int:
+        return self._fields[0]
+
+    @property
+    def uid(self) -> int:
+        return self._fields[1]
+
+    @property
+    def gid(self) -> int:
+        return self._fields[2]
+
+    @property
+    def umask(self) -> int:
+        return self._fields[3]
+
+
+CTX = FakeCtx(pid=0, uid=1000, gid=1000, umask=0o022)
 FILE = Node(stat.S_IFREG | 0o644, 0, 0, 3, 1, 1, 1, 1, 0, None, 0, 0, None)
 
 

@@ -10,6 +10,7 @@ import random
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import blake3
 import lmdb
@@ -21,6 +22,7 @@ from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
+from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.tables import (
     CHANGED,
     CKPTS,
@@ -91,7 +93,7 @@ def _step(rng: random.Random, s: Session) -> None:
 def _trees(s: Session) -> dict[int, dict[str, tuple]]:
     tl = Timeline(s.ctx)
     cks = s.store.read(tl.all)
-    return {ck.id: tree_of(s.overlay, lambda r, ck=ck: tl.state(r, ck)) for ck in cks}
+    return {ck.id: tree_of(s.overlay, lambda r: tl.state(r, ck)) for ck in cks}
 
 
 async def _random_history(s: Session, seed: int, steps: int = 300) -> dict[int, dict[str, tuple]]:
@@ -281,8 +283,11 @@ async def test_an_older_store_is_upgraded_at_open_to_the_same_states_and_files(
     env.close()
     s = Session.open(store, str(repo), create=False, window=1e9)
     try:
-        assert s.store.read(lambda r: (from_u64(r.get(META, FORMAT_KEY)), history.is_built(r),
-                                       groupfiles.is_built(r))) == (FORMAT_VERSION, True, True)
+        def built(r: ReadTxn) -> tuple[int, bool, bool]:
+            raw = r.get(META, FORMAT_KEY)
+            assert raw is not None  # (the reopen wrote the current format)
+            return from_u64(raw), history.is_built(r), groupfiles.is_built(r)
+        assert s.store.read(built) == (FORMAT_VERSION, True, True)
         assert (_trees(s), _files(s)) == before
         assert s.store.read(lambda r: (r.count(CHANGED), r.count(GROUPFILES))) > (0, 0)
         assert fsck(s.store)["clean"]
@@ -342,14 +347,14 @@ def test_a_checkpoint_view_costs_the_keys_changed_not_the_records(session: Sessi
 class _CountedSeeks:
     """A read transaction that counts its index seeks."""
 
-    def __init__(self, r) -> None:
+    def __init__(self, r: ReadTxn) -> None:
         self.r, self.seeks = r, 0
 
-    def seek(self, *args):
+    def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         self.seeks += 1
-        return self.r.seek(*args)
+        return self.r.seek(table, key)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.r, name)
 
 
@@ -376,7 +381,8 @@ def test_a_diff_costs_what_changed_not_the_names_a_directory_ever_held(session: 
     def diff(x, y):
         def fn(r):
             c = _CountedSeeks(r)
-            return [(f.path, f.change) for f in tl.changes(c, x, y)], c.seeks
+            # (cast: the proxy forwards every other ReadTxn method to r, by __getattr__)
+            return [(f.path, f.change) for f in tl.changes(cast(ReadTxn, c), x, y)], c.seeks
         return session.store.read(fn)
     assert diff(a, b)[0] == [("out/kept.o", "M")]
     assert diff(a, b)[1] < 200, diff(a, b)
@@ -421,7 +427,7 @@ async def test_gc_keeps_a_block_written_again_while_it_planned(session: Session)
     ov.write(ME, readme, 0, b"x" * 4096)
     Timeline(session.ctx).seal()
     for m in session.store.read(lambda r: thin_plan(r, 0)):
-        session.store.write(lambda w, m=m: apply_merge(w, m, merge_slice(w, m)))
+        session.store.write(lambda w: apply_merge(w, m, merge_slice(w, m)))
     plan = session.store.read(gc_plan)
     assert blake3.blake3(data).digest() in plan.doomed, "only a dropped checkpoint needed it"
     new, _ = ov.create(OTHER, ROOT_INO, b"again", REG, 0, 0)
@@ -460,7 +466,7 @@ async def test_the_file_lists_of_random_restores_are_what_their_trees_differ_in(
         assert await tl.complete_restores() > 0
         checked = 0
         for ck in s.store.read(tl.all):
-            recs = s.store.read(lambda r, ck=ck: list(history_records(r, ck.id, tl)))
+            recs = s.store.read(lambda r: list(history_records(r, ck.id, tl)))
             if ck.kind != "restore" or not recs or any(rec.op != "restore" for rec in recs):
                 continue  # (nothing changed, or merged by thinning)
             before, after = recorded[ck.id - 1], recorded[ck.id]  # see _mark_before_restore
@@ -624,6 +630,7 @@ async def test_fsck_finds_an_entry_without_a_record_in_the_tree_not_in_what_a_re
     await tl.restore("@before-last", ME)
     assert tree_of(ov) == after
     raw = session.store.read(lambda r: r.get(NODES, u64(readme)))
+    assert raw is not None
     session.store.write(lambda w: w.delete(NODES, u64(readme)))  # damage, in the tree
     problems = fsck(session.store)["problems"]
     assert any(f"in {d} names inode {readme} without a record" in p for p in problems), problems

@@ -24,7 +24,8 @@ from .helpers_core import ME, content, ino, native_tree, put, tree_of
 
 def deep(s: Session, length: int) -> str:
     """Directories of 200-byte names down to a path of about length bytes."""
-    ov, parent, parts = s.overlay, ROOT_INO, []
+    ov, parent = s.overlay, ROOT_INO
+    parts: list[str] = []
     while sum(len(p) + 1 for p in parts) + 210 < length:
         name = b"d%03d" % len(parts) + b"x" * 196
         parent, _ = ov.create(ME, parent, name, stat.S_IFDIR | 0o755, 0, 0)

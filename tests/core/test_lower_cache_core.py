@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from overlayckpt.core import lower as lower_module
-from overlayckpt.core.lower import Lower
+from overlayckpt.core.lower import Lower, Stat
 
 
 def test_the_cache_stays_bounded_and_a_huge_directory_is_listed_once(
@@ -25,7 +25,10 @@ def test_the_cache_stays_bounded_and_a_huge_directory_is_listed_once(
     lower = Lower(str(repo))
     listed: list[bytes] = []
     real = lower._listdir
-    monkeypatch.setattr(lower, "_listdir", lambda path: listed.append(path) or real(path))
+    def listdir(path: bytes) -> list[tuple[bytes, Stat]]:
+        listed.append(path)
+        return real(path)
+    monkeypatch.setattr(lower, "_listdir", listdir)
     try:
         for top in sorted(os.listdir(repo)):
             for name in sorted(os.listdir(repo / top)):

@@ -15,7 +15,7 @@ import blake3
 
 from overlayckpt.core.maintenance import fsck, gc
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import AUTO_POINT_PAGES, Store, salvage
+from overlayckpt.store.lmdbstore import AUTO_POINT_PAGES, Store, WriteTxn, salvage
 from overlayckpt.tables import BLOCKS
 
 from .helpers_core import ME, content, ino
@@ -99,7 +99,11 @@ def test_split_blocks_survive_a_salvage_and_an_import_s_put(tmp_path: Path) -> N
     try:
         assert dst.read(lambda r: [r.block(d) for d in digests]) == data
         # a bundle's import puts each block as it reads it: whole; it is stored split, once
-        dst.write(lambda w: [w.put(BLOCKS, d, v) for d, v in zip(digests, whole)])
+        def put_whole(w: WriteTxn) -> None:
+            for d, v in zip(digests, whole):
+                assert v is not None  # (read from src above, where each is stored)
+                w.put(BLOCKS, d, v)
+        dst.write(put_whole)
         assert dst.read(lambda r: r.count(BLOCKS)) == 4
         assert dst.read(lambda r: [r.block(d) for d in digests]) == data
         assert fsck(dst)["clean"]

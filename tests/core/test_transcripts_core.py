@@ -33,7 +33,7 @@ def logged(seconds: float) -> str:
 def hook_lines(agent: str, path: str) -> list[dict[str, Any]]:
     """Prompt at 1 s; a batch of two calls A (2-3 s) and B (4-5 s), recorded done at 6 s;
     a call C alone (8-9 s), done at 10 s; the turn's end at 12 s."""
-    base = {"agent": agent, "session_id": "s", "transcript_path": path}
+    base: dict[str, Any] = {"agent": agent, "session_id": "s", "transcript_path": path}
     out = [dict(base, role="user", event="UserPromptSubmit", content="fix the greeting", time=logged(1))]
     for name, start in (("A", 2), ("B", 4), ("C", 8)):
         out.append(dict(base, role="assistant", event="PreToolUse", tool="replace", content=name,

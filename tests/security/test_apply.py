@@ -21,6 +21,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,9 +68,10 @@ def no_temp_files(root: Path) -> None:
     assert not left, left
 
 
-def set_node(s: Session, i: int, **fields: object) -> None:
+def set_node(s: Session, i: int, **fields: Any) -> None:
     """Rewrite inode i's record as a crafted bundle or a damaged store would hold it."""
     raw = s.store.read(lambda r: r.get(NODES, u64(i)))
+    assert raw is not None
     node = dataclasses.replace(Node.unpack(raw), **fields)
     s.store.write(lambda w: w.put(NODES, u64(i), node.pack()))
 
@@ -107,7 +109,9 @@ def latest(s: Session) -> int:
     from overlayckpt.core.timeline import Timeline
     tl = Timeline(s.ctx)
     tl.seal()
-    return tl.latest().id
+    ck = tl.latest()
+    assert ck is not None  # (the origin at least)
+    return ck.id
 
 
 class _AtUseOnly(Applier):
@@ -209,6 +213,7 @@ def test_a_damaged_node_is_refused_before_anything_is_written(
     put(s.overlay, ME, "odd", b"x")
     i = ino(s.overlay, "odd")
     raw = s.store.read(lambda r: r.get(NODES, u64(i)))
+    assert raw is not None
     set_node(s, i, **fields)
     before = surroundings(tmp_path, store)
     try:
@@ -228,6 +233,7 @@ def test_a_malformed_node_record_is_one_line(opened: Session, world: tuple[Path,
     put(s.overlay, ME, "odd", b"x")
     i = ino(s.overlay, "odd")
     raw = s.store.read(lambda r: r.get(NODES, u64(i)))
+    assert raw is not None
     s.store.write(lambda w: w.put(NODES, u64(i), b"\x93\x01\x02\x03"))  # 3 fields, not 14
     before = surroundings(tmp_path, store)
     try:
@@ -422,7 +428,7 @@ def test_enospc_part_way_leaves_no_temp_file_and_names_what_was_written(
         for n in range(6):  # 6 x 300 KB into 1 MiB: the fourth cannot fit
             put(s.overlay, ME, f"f{n}.bin", os.urandom(300_000))
         want = {f"f{n}.bin": bytes(0) for n in range(6)}
-        want = {p: s.overlay.live(lambda r, p=p: s.overlay.read_all(r, s.overlay.resolve(r, p)))
+        want = {p: s.overlay.live(lambda r: s.overlay.read_all(r, s.overlay.resolve(r, p)))
                 for p in want}
     finally:
         s.close()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,7 +365,7 @@ def test_a_private_run_refuses_its_agent_what_reaches_outside(repo: Path, tmp_pa
                                                               torn_down) -> None:
     store, out = tmp_path / "store", tmp_path / "replies"
     torn_down(repo, store)
-    outside = [
+    outside: list[dict[str, Any]] = [
         {"cmd": "apply", "force": True},
         {"cmd": "apply", "checkpoint": 0, "force": True},
         {"cmd": "set_apply", "apply": True},
