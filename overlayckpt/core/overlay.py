@@ -46,7 +46,7 @@ from overlayckpt.records import (
     u64,
     xattr_key,
 )
-from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
+from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store, WriteTxn
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")
@@ -146,14 +146,14 @@ class Overlay(Tree):
         raw = self.last_written.get(u64(ino))
         return None if raw is None else Node.unpack(raw)
 
-    def live(self, fn: Callable[[Mutation], T]) -> T:
+    def live(self, fn: Callable[[ReadTxn], T]) -> T:
         """Read the live state (through a read transaction)."""
-        return self.store.read(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
+        return self.store.read(fn)
 
-    def peek(self, fn: Callable[[Mutation], T]) -> T:
+    def peek(self, fn: Callable[[ReadTxn], T]) -> T:
         """Read the live state but for the writes deferred (write_later): for a read that
         touches no inode they write, which the caller checks (Store.deferring)."""
-        return self.store.peek(fn)  # type: ignore[arg-type]  # fn reads only what a ReadTxn has
+        return self.store.peek(fn)
 
     def _own(self, m: Mutation, ino: int) -> Node:
         """The node record of ino, created from the lower entry if it has none yet."""

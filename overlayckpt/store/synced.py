@@ -158,7 +158,7 @@ def save(fd: int, rec: Record) -> None:
     os.fdatasync(fd)
 
 
-def fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
