@@ -739,8 +739,10 @@ class RestoreDelta(Workload):
         root = c.root
 
         def git(*args: str, data: bytes | None = None) -> str:
-            return subprocess.run(["git", *args], cwd=root, input=data, check=True, capture_output=True,
-                                  env=_git_env(), timeout=SUBPROCESS_TIMEOUT).stdout.decode().strip()
+            # (no auto gc: its background repack would delete loose objects under the walks)
+            return subprocess.run(["git", "-c", "gc.auto=0", *args], cwd=root, input=data, check=True,
+                                  capture_output=True, env=_git_env(),
+                                  timeout=SUBPROCESS_TIMEOUT).stdout.decode().strip()
         home = git("rev-parse", "--abbrev-ref", "HEAD")
         git("switch", "-q", "-c", "bench-switch")
         for i, rel in enumerate(self.switch):
