@@ -184,8 +184,8 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
+    from overlayckpt.agents.transcripts import resume_command
     from overlayckpt.core.conversation import live_lines
-    from overlayckpt.core.transcripts import resume_command
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:

@@ -243,8 +243,11 @@ class Session:
         return self._conversation[1]
 
     def conversation_append(self, line: bytes) -> None:
+        from overlayckpt.agents.lines import parse_line
         from overlayckpt.core.conversation import append_line
-        append_line(self.store, line)
+        obj = parse_line(line)
+        if obj is not None:
+            append_line(self.store, obj)
 
 
 @command("status")

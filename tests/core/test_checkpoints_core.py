@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import trio
 
-from overlayckpt.core.conversation import all_lines, live_lines, parse_line
+from overlayckpt.agents.lines import parse_line
+from overlayckpt.core.conversation import all_lines, live_lines
 from overlayckpt.core.journal import Caller, records
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
