@@ -217,7 +217,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     seq, offset = behind.position(session.store)
     kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)
-    info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
+    info.update({"pid": os.getpid(), "mountpoint": os.path.abspath(mountpoint)})
     write_info(store_dir, info)
     try:
         trio.run(daemon.serve)

@@ -17,7 +17,8 @@ from overlayckpt.core.pins import seen_fingerprint
 from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Node, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import SEEN
 
 # (file fd, state, inode, node) -> whether the file holds the node's content there

@@ -15,7 +15,8 @@ from typing import Any
 
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
 
 

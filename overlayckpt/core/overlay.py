@@ -46,7 +46,8 @@ from overlayckpt.records import (
     u64,
     xattr_key,
 )
-from overlayckpt.store.lmdbstore import ReaderStore, Store, WriteTxn
+from overlayckpt.store.lmdbstore import ReaderStore, Store
+from overlayckpt.store.txn import WriteTxn
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from overlayckpt.records import (
     lower_ino,
     unpack_obj,
 )
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import JOURNAL, NODES, PINNED, SEEN
 
 

@@ -23,7 +23,8 @@ from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command, reading
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 
 
 def _caller() -> Caller:

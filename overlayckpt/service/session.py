@@ -28,7 +28,8 @@ from overlayckpt.names import shown
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.service.registry import COMMANDS, DURABLE, REACHES_OUT, READINGS, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
-from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
+from overlayckpt.store.lmdbstore import ReaderStore, Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Session:
             store.close()
             lower.close()
             raise
-        info.update(repo=os.path.realpath(repo), window=window, block_size=store.block_size)
+        info.update({"repo": os.path.realpath(repo), "window": window, "block_size": store.block_size})
         if "created" not in info:  # (a store made before sessions were listed: its start)
             origin = store.read(lambda r: r.get(CKPTS, u64(0)))
             info["created"] = iso_time(Checkpoint.unpack(0, origin).time_ns if origin else time.time_ns())
