@@ -1,5 +1,5 @@
 """Builds the C parts: the library overlayckpt._kcache, from the files in
-overlayckpt/fuse/csrc (see kcache.h there), and the agent hook program
+overlayckpt/fuse/csrc (see fastpath.h there), and the agent hook program
 overlayckpt/bin/overlayckpt-hook, from overlayckpt/bin/hook.c (no Python in it: a hook
 must cost milliseconds); the rest of the project is configured in pyproject.toml.
 

@@ -1,6 +1,6 @@
 """Latency histograms for `overlayckpt stats`: log buckets in a fixed array of counters.
 
-The layout is the C library's (fuse/csrc/kcache.h, struct hist), so that histograms
+The layout is the C library's (fuse/csrc/fastpath.h, struct hist), so that histograms
 recorded in C (writes and reads, stats.c) and here (captures, checkpoints, restores)
 are read, merged and printed alike. A value of v ns goes to bucket v below 16, else,
 with s = v.bit_length() - 4, to bucket s * 8 + (v >> s): 8 buckets per power of two,
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-SUB_BITS = 3  # kcache.h HIST_SUB_BITS: 2^SUB_BITS buckets per power of two
-BUCKETS = 280  # kcache.h HIST_BUCKETS: up to 2^37 ns
+SUB_BITS = 3  # fastpath.h HIST_SUB_BITS: 2^SUB_BITS buckets per power of two
+BUCKETS = 280  # fastpath.h HIST_BUCKETS: up to 2^37 ns
 _SMALL = 2 << SUB_BITS  # values below this have a bucket each
 _TOP = BUCKETS - 1
 

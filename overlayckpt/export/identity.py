@@ -11,9 +11,9 @@ from typing import Any
 
 import blake3
 
+from overlayckpt.core.baseline import seen_path
 from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.core.pins import pinned_path, seen_fingerprint
-from overlayckpt.core.seen import seen_path
 from overlayckpt.errors import FsError
 from overlayckpt.records import (
     FIRST_UPPER_INO,

@@ -140,7 +140,7 @@ class ControlFs:
         if ino == DIR_INO:
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT, attr_timeout=KEPT)
         if ino == CKPTS_INO:
-            # the kernel keeps this listing (see _kcache.c) until the mtime changes
+            # the kernel keeps this listing (see fuse/csrc/fastpath.c) until the mtime changes
             mtime_ns = self.views.listing_mtime_ns() if self.views is not None else 0
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, mtime_ns=mtime_ns, entry_timeout=KEPT)
         if ino == CTL_INO:

@@ -21,13 +21,13 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from overlayckpt.core import behind
+from overlayckpt.core import writebehind
 from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.errors import FsError
-from overlayckpt.fuse import kcache
+from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 CAPABILITY_XATTR = b"security.capability"
 # Handles of directories, and of files that need no state (all but control files) when
-# _kcache.c is active: the inode number with this bit set. C hands them out for most
+# the fast path library is active: the inode number with this bit set. C hands them out for most
 # opens, Python for create and truncating opens; their release never reaches Python.
 KERNEL_HANDLE = 1 << 63
 # Directory listings are snapshots found by offset, not by handle: an offset carries
@@ -106,7 +106,7 @@ class Writers:
         return self._last.get(ino, WRITEBACK)
 
 
-class Comms:
+class CallerCache:
     """Thread id -> Caller, for the journal (a write request carries no pid).
 
     FUSE names the calling *thread*; a Caller is the command it belongs to (see
@@ -158,7 +158,7 @@ class Comms:
         return alive
 
 
-# how long Comms.runs trusts what /proc said
+# how long CallerCache.runs trusts what /proc said
 RUNS_FOR = 0.05
 
 
@@ -263,14 +263,14 @@ class Operations(pyfuse3.Operations):
                  kernel_handles: Callable[[], bool] = lambda: False,
                  capture: Captures | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
-        _kcache.c serves the session, asked once, at the first open (after the mount);
+        the fast path library serves the session, asked once, at the first open (after the mount);
         capture: where the capture latency of writes is recorded (overlayckpt stats)."""
         super().__init__()
         self.capture = capture if capture is not None else Captures()
         overlay.store.on_deferred_stored = self._captured_later
         self.ov = overlay
         self.ctl = control
-        self.comms = Comms()
+        self.callers = CallerCache()
         self.writers = Writers()
         self.handles: dict[int, Handle] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
@@ -319,7 +319,7 @@ class Operations(pyfuse3.Operations):
         return fh
 
     def _caller(self, ctx: pyfuse3.RequestContext) -> Caller:
-        return self.comms.caller(ctx.pid)
+        return self.callers.caller(ctx.pid)
 
     @staticmethod
     def _no_control(ino: int) -> None:
@@ -407,9 +407,9 @@ class Operations(pyfuse3.Operations):
     def _changed_dirs(self, *inos: int) -> None:
         """Have C answer the GETATTRs of these directories, which this request changed:
         the kernel drops what it has of them and asks next (default_permissions)."""
-        if kcache.loaded():
+        if fastpath.loaded():
             for ino in inos:
-                kcache.publish_dir_attrs(self._attrs(ino, self.ov.written(ino)))
+                fastpath.publish_dir_attrs(self._attrs(ino, self.ov.written(ino)))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
@@ -493,10 +493,10 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
-            pid, logged, arrival = kcache.request_pid(), kcache.request_logged(), kcache.request_arrival()
+            pid, logged, arrival = fastpath.request_pid(), fastpath.request_logged(), fastpath.request_arrival()
             ino = fh ^ KERNEL_HANDLE
             if pid:
-                caller = self.comms.caller(pid)
+                caller = self.callers.caller(pid)
                 self.writers.wrote(ino, caller)
             else:  # page writeback: the file's last writer dirtied those pages
                 caller = self.writers.of(ino)
@@ -519,8 +519,8 @@ class Operations(pyfuse3.Operations):
         await keep_up(self.ov.store, self._disk_gate)
         if self._behind_held and not self._behind_failed:
             if self._behind_fd is None:
-                self._behind_fd = behind.open_log(self.ov.store.path)
-            kcache.write_behind(self._behind_fd, behind.LOG_SIZE, *behind.position(self.ov.store))
+                self._behind_fd = writebehind.open_log(self.ov.store.path)
+            fastpath.write_behind(self._behind_fd, writebehind.LOG_SIZE, *writebehind.position(self.ov.store))
         self._behind_held = False
 
     def _hold_write_behind(self) -> None:
@@ -528,7 +528,7 @@ class Operations(pyfuse3.Operations):
         store is too far ahead of the disk, acknowledge no more, and the writes that come
         instead wait in _keep_up."""
         if not self._behind_held and self.ov.store.too_far_ahead():
-            kcache.stop_write_behind()
+            fastpath.stop_write_behind()
             self._behind_held = True
 
     def _captured_later(self, arrivals: list[int]) -> None:
@@ -537,10 +537,10 @@ class Operations(pyfuse3.Operations):
 
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
                             logged: tuple[int, int], arrival: int) -> int:
-        """Store a write whose writer was told it is done (see _kcache.c), with the next
+        """Store a write whose writer was told it is done (see fuse/csrc/behind.c), with the next
         write transaction or soon after (Overlay.write_later): a failure can only be kept
         for the file's next fsync, as a native file system does."""
-        done = behind.pack_position(*logged)
+        done = writebehind.pack_position(*logged)
         self._hold_write_behind()
 
         def failed(e: Exception) -> None:
@@ -550,13 +550,13 @@ class Operations(pyfuse3.Operations):
                       os.strerror(err), exc_info=not isinstance(e, FsError))
             self.failed_writes.setdefault(ino, err)
             try:
-                behind.skip(self.ov.store, done)
+                writebehind.skip(self.ov.store, done)
             except FsError:
                 pass  # then a replay fails the same way
             if err not in (errno.ESTALE, errno.ENOENT):
                 # the store itself failed (full, broken): from now on each write waits
                 # for its own answer; a file a restore removed concerns that file only
-                kcache.stop_write_behind()
+                fastpath.stop_write_behind()
                 self._behind_failed = True
             try:  # the kernel's pages hold what was not stored
                 trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
@@ -580,7 +580,7 @@ class Operations(pyfuse3.Operations):
             if self.ov.store.deferred_bytes() <= FOLD_BYTES:
                 await trio.sleep(FOLD_WAIT)
             for _ in range(STORE_DEFERRED_TURNS):
-                if not (kcache.requests_waiting() and self.ov.store.deferred()):
+                if not (fastpath.requests_waiting() and self.ov.store.deferred()):
                     break
                 await trio.sleep(0)
         finally:
@@ -615,7 +615,7 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         # a listing is found by its offset (readdir), so a directory handle needs no
-        # state: the inode, marked. (With _kcache.c no opendir comes here at all, and
+        # state: the inode, marked. (With the fast path library no opendir comes here at all, and
         # its readdirplus wrapper passes the same marked inode.)
         return KERNEL_HANDLE | inode
 
@@ -688,7 +688,7 @@ class Operations(pyfuse3.Operations):
         if inode >= CONTROL_INO_BASE:
             return []
         names = self._live_of(inode, lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode)))
-        return [n for n in names if n != CAPABILITY_XATTR]  # never served (see _kcache.c)
+        return [n for n in names if n != CAPABILITY_XATTR]  # never served (see fuse/csrc/fastpath.c)
 
     @translate_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -699,7 +699,7 @@ class Operations(pyfuse3.Operations):
             raise FsError(errno.EOPNOTSUPP)
         if name == CAPABILITY_XATTR:
             # no effect on a nosuid mount, and the kernel's lookup before every write is
-            # answered "none" in C (_kcache.c); cp -a and tar treat this as "not supported"
+            # answered "none" in C (fuse/csrc/fastpath.c); cp -a and tar treat this as "not supported"
             raise FsError(errno.EOPNOTSUPP)
         self.ov.setxattr(self._caller(ctx), inode, name, value)
 

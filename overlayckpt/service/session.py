@@ -34,7 +34,7 @@ from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES,
 
 log = logging.getLogger(__name__)
 
-# What the status command adds of the mount's kernel side (fuse/kcache.py), given by
+# What the status command adds of the mount's kernel side (fuse/fastpath.py), given by
 # the mount at construction; a session opened without a mount has none of it.
 StatusExtra = Callable[[], dict[str, Any]]
 
@@ -45,7 +45,7 @@ def no_kernel_status() -> dict[str, Any]:
 
 # What the stats command reads of the mount's request path, given by the mount at
 # construction: the reply latency of reads and writes that the C library times
-# (fuse/kcache.py request_latency: "write", "write_early", "read", "fsync", "untimed"), None
+# (fuse/fastpath.py request_latency: "write", "write_early", "read", "fsync", "untimed"), None
 # without it; a session opened without a mount has none.
 RequestStats = Callable[[], dict[str, Any] | None]
 
@@ -131,7 +131,7 @@ class Session:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
         try:
-            from overlayckpt.core.behind import discard, recover
+            from overlayckpt.core.writebehind import discard, recover
             if store.cache_lost:
                 discard(store_dir)  # its pages may be a mix of old and new: never replayed
             else:

@@ -77,7 +77,7 @@ AUTO_POINT_PAGES = 512
 AHEAD_PAGES = 4 * AUTO_POINT_PAGES
 MAX_DEFERRED = 64  # deferred writes committed together at most (see Store.defer)
 # and their bytes: the write-behind log holds them until they are stored, beside the
-# writes C has acknowledged and Python not yet taken (behind.py's LOG_SIZE)
+# writes C has acknowledged and Python not yet taken (writebehind.py's LOG_SIZE)
 MAX_DEFERRED_BYTES = 4 << 20
 
 
@@ -105,7 +105,7 @@ class Store:
         self.env = env
         self.lock_fd = lock_fd
         # the page cache of the last daemon may be gone (power cut): what it kept only
-        # there, such as the write-behind log, cannot be trusted (behind.py)
+        # there, such as the write-behind log, cannot be trusted (writebehind.py)
         self.cache_lost = cache_lost
         self.dbs = open_tables(env, path, new)
         self._zc = zstandard.ZstdCompressor(level=1)

@@ -1,6 +1,7 @@
-"""Load the C library (_kcache.c) that answers the FUSE requests needing no Python
-(opens, their releases, the security.capability lookup before every write) and asks
-the kernel to keep pages and directory listings across opens.
+"""Load the fast path library (C, built from fuse/csrc/) that answers the FUSE requests
+needing no Python (opens, their releases, the security.capability lookup before every
+write), acknowledges writes before Python stores them (write-behind) and asks the
+kernel to keep pages and directory listings across opens; and Python's bindings to it.
 
 It must be loaded before pyfuse3 is imported, because it stands in for libfuse's
 fuse_session_new, which pyfuse3 binds when it is loaded. Without it (not built,
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 # How long pyfuse3's loop watches for the next request in C before it waits in trio.
 SPIN_NS = 30_000
 YIELD_EVERY = 64
-# Write-behind (see _kcache.c): how many bytes of acknowledged writes may wait for
+# Write-behind (see fuse/csrc/behind.c): how many bytes of acknowledged writes may wait for
 # Python, and the free space on the store's file system below which none may: far
 # more than those writes can take, so that a full disk fails the write itself.
 MAX_BEHIND = 8 << 20
@@ -40,12 +41,12 @@ _request_arrival: ctypes.c_uint64 | None = None
 
 
 class _Hist(ctypes.Structure):
-    """kcache.h's struct hist."""
+    """fastpath.h's struct hist."""
     _fields_ = [("sum_ns", ctypes.c_uint64), ("max_ns", ctypes.c_uint64),
                 ("errors", ctypes.c_uint64), ("buckets", ctypes.c_uint64 * BUCKETS)]
 
 
-# kcache.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
+# fastpath.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
 STATS_KINDS = ("write", "write_early", "read", "fsync")
 
 
@@ -67,42 +68,42 @@ def preload() -> None:
     if _lib is not None:
         return
     if "pyfuse3" in sys.modules:
-        log.warning("pyfuse3 was imported before the kernel-cache library: directory "
+        log.warning("pyfuse3 was imported before the fast path library: directory "
                     "listings will not be cached by the kernel")
         return
     path = _library_path()
     if path is None:
-        log.warning("kernel-cache library not built (run 'make install'): directory "
+        log.warning("fast path library not built (run 'make install'): directory "
                     "listings will not be cached by the kernel")
         return
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     except OSError as e:
-        log.warning("kernel-cache library %s not loaded: %s", path, e)
+        log.warning("fast path library %s not loaded: %s", path, e)
         return
-    lib.kcache_configure.argtypes = [ctypes.c_uint64]
-    lib.kcache_configure(CONTROL_INO_BASE)
-    lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
-    lib.kcache_warm_tree.argtypes = [ctypes.c_int]
-    lib.kcache_wait_queued.argtypes = [ctypes.c_long]
-    lib.kcache_wait_queued.restype = ctypes.c_int
+    lib.fastpath_configure.argtypes = [ctypes.c_uint64]
+    lib.fastpath_configure(CONTROL_INO_BASE)
+    lib.fastpath_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
+    lib.fastpath_warm_tree.argtypes = [ctypes.c_int]
+    lib.fastpath_wait_queued.argtypes = [ctypes.c_long]
+    lib.fastpath_wait_queued.restype = ctypes.c_int
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    lib.kcache_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
-    lib.kcache_publish_dir_attrs.restype = None
-    lib.kcache_drop_dir_attrs.restype = None
-    lib.kcache_serve_promptly.restype = ctypes.c_int
-    lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
-    lib.kcache_notify_inc_epoch.argtypes = []
-    lib.kcache_notify_inc_epoch.restype = ctypes.c_int
-    lib.kcache_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+    lib.fastpath_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
+    lib.fastpath_publish_dir_attrs.restype = None
+    lib.fastpath_drop_dir_attrs.restype = None
+    lib.fastpath_serve_promptly.restype = ctypes.c_int
+    lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.fastpath_notify_inc_epoch.argtypes = []
+    lib.fastpath_notify_inc_epoch.restype = ctypes.c_int
+    lib.fastpath_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                                ctypes.c_int]
-    lib.kcache_notify_inval_inodes.restype = ctypes.c_long
-    lib.kcache_hist_bucket.restype = ctypes.c_uint
+    lib.fastpath_notify_inval_inodes.restype = ctypes.c_long
+    lib.fastpath_hist_bucket.restype = ctypes.c_uint
     global _request_pid, _request_seq, _request_next, _request_arrival
-    _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
-    _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
-    _request_next = ctypes.c_uint64.in_dll(lib, "kcache_request_next")
-    _request_arrival = ctypes.c_uint64.in_dll(lib, "kcache_request_arrival")
+    _request_pid = ctypes.c_int.in_dll(lib, "fastpath_request_pid")
+    _request_seq = ctypes.c_uint64.in_dll(lib, "fastpath_request_seq")
+    _request_next = ctypes.c_uint64.in_dll(lib, "fastpath_request_next")
+    _request_arrival = ctypes.c_uint64.in_dll(lib, "fastpath_request_arrival")
     _lib = lib
 
 
@@ -122,7 +123,7 @@ def speed_up_loop(pyfuse3: Any) -> None:
             or not pyfuse3.__version__.startswith("3."):
         log.info("pyfuse3's loop left as it is")
         return
-    wait_queued = _lib.kcache_wait_queued
+    wait_queued = _lib.fastpath_wait_queued
     streak = 0
     # after a watch that found nothing, every task (pyfuse3 runs several) waits in
     # trio until a request comes that way, so that no other one holds trio up again
@@ -147,12 +148,12 @@ def serve_promptly() -> bool:
     """Give the calling thread (the one that runs pyfuse3's loop) the scheduler's
     shortest slice, as C's reader thread has (queue.c): it preempts other work on the
     host when a request wakes it. Threads it starts from now on get the default."""
-    return _lib is not None and _lib.kcache_serve_promptly() == 0
+    return _lib is not None and _lib.fastpath_serve_promptly() == 0
 
 
 def requests_waiting() -> bool:
     """Whether requests are queued for pyfuse3 (False without the library)."""
-    return _lib is not None and bool(_lib.kcache_wait_queued(0))
+    return _lib is not None and bool(_lib.fastpath_wait_queued(0))
 
 
 def loaded() -> bool:
@@ -162,7 +163,7 @@ def loaded() -> bool:
 
 def active() -> bool:
     """Whether the mounted session's handlers go through the library."""
-    return _lib is not None and _lib.kcache_sessions_wrapped() > 0
+    return _lib is not None and _lib.fastpath_sessions_wrapped() > 0
 
 
 def request_pid() -> int:
@@ -172,7 +173,7 @@ def request_pid() -> int:
 
 def request_logged() -> tuple[int, int] | None:
     """For a write request acknowledged already: its record in the write-behind log
-    and where the next record starts (behind.py); None for any other write."""
+    and where the next record starts (writebehind.py); None for any other write."""
     if _request_seq is None or not _request_seq.value:
         return None
     return _request_seq.value, _request_next.value  # type: ignore[union-attr]  # bound together with _request_seq
@@ -188,11 +189,11 @@ def request_latency() -> dict[str, Any] | None:
     and "untimed": how many it could not time; None when the library serves no session."""
     if _lib is None or not active():
         return None
-    raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "kcache_stats")
+    raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "fastpath_stats")
     out: dict[str, Any] = {}
     for name, h in zip(STATS_KINDS, raw):
         out[name] = Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
-    out["untimed"] = ctypes.c_uint64.in_dll(_lib, "kcache_stats_untimed").value
+    out["untimed"] = ctypes.c_uint64.in_dll(_lib, "fastpath_stats_untimed").value
     return out
 
 
@@ -201,7 +202,7 @@ def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
     (in the store, mapped; size bytes) from record number seq at offset on."""
     if _lib is None or not active():
         return
-    err = _lib.kcache_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
+    err = _lib.fastpath_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
     if err:
         log.warning("write-behind left off: %s", os.strerror(-err))
 
@@ -211,7 +212,7 @@ def warm_tree(dir_fd: int) -> bool:
     daemon's first lookups on a cold cache then find the repo's inodes read. False
     when it did not start (the mount is not served by the library yet, or never)."""
     if _lib is not None and active():
-        _lib.kcache_warm_tree(dir_fd)
+        _lib.fastpath_warm_tree(dir_fd)
         return True
     return False
 
@@ -220,8 +221,8 @@ def read_ahead() -> dict[str, Any] | None:
     """How far warm_tree got: directories listed, and whether the walk has ended."""
     if _lib is None or not active():
         return None
-    return {"dirs": ctypes.c_uint64.in_dll(_lib, "kcache_warmed_dirs").value,
-            "done": bool(ctypes.c_int.in_dll(_lib, "kcache_warm_done").value)}
+    return {"dirs": ctypes.c_uint64.in_dll(_lib, "fastpath_warmed_dirs").value,
+            "done": bool(ctypes.c_int.in_dll(_lib, "fastpath_warm_done").value)}
 
 
 def publish_dir_attrs(a: Any) -> None:
@@ -233,7 +234,7 @@ def publish_dir_attrs(a: Any) -> None:
     atime, atime_ns = divmod(a.st_atime_ns, 10**9)  # (unsigned in pyfuse3, split alike)
     mtime, mtime_ns = divmod(a.st_mtime_ns, 10**9)
     ctime, ctime_ns = divmod(a.st_ctime_ns, 10**9)
-    _lib.kcache_publish_dir_attrs(a.st_ino, a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev,
+    _lib.fastpath_publish_dir_attrs(a.st_ino, a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev,
                                   a.st_size, a.st_blocks, a.st_blksize, atime, atime_ns, mtime,
                                   mtime_ns, ctime, ctime_ns,
                                   int(a.attr_timeout))
@@ -242,14 +243,14 @@ def publish_dir_attrs(a: Any) -> None:
 def drop_dir_attrs() -> None:
     """Forget what publish_dir_attrs published: the daemon changed the tree itself."""
     if _lib is not None:
-        _lib.kcache_drop_dir_attrs()
+        _lib.fastpath_drop_dir_attrs()
 
 
 def dir_attrs_answered() -> int:
     """How many GETATTRs C answered from published directory attributes."""
     if _lib is None:
         return 0
-    return ctypes.c_uint64.in_dll(_lib, "kcache_dir_attrs_answered").value
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_dir_attrs_answered").value
 
 
 def notify_inc_epoch() -> int:
@@ -259,7 +260,7 @@ def notify_inc_epoch() -> int:
     session."""
     if _lib is None or not active():
         return errno.ENOTCONN
-    return -_lib.kcache_notify_inc_epoch()
+    return -_lib.fastpath_notify_inc_epoch()
 
 
 def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | None:
@@ -270,7 +271,7 @@ def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | Non
     if _lib is None or not active():
         return None
     arr = (ctypes.c_uint64 * len(inodes))(*inodes)
-    had = _lib.kcache_notify_inval_inodes(arr, len(inodes), int(attr_only))
+    had = _lib.fastpath_notify_inval_inodes(arr, len(inodes), int(attr_only))
     if had < 0:
         raise OSError(-had, os.strerror(-had))
     return int(had)
@@ -279,4 +280,4 @@ def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | Non
 def stop_write_behind() -> None:
     """From now on every write waits for Python again."""
     if _lib is not None:
-        _lib.kcache_write_behind(-1, 0, 0, 0, 0, 0)
+        _lib.fastpath_write_behind(-1, 0, 0, 0, 0, 0)
