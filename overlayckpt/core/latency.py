@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 SUB_BITS = 3  # fastpath.h HIST_SUB_BITS: 2^SUB_BITS buckets per power of two
 BUCKETS = 280  # fastpath.h HIST_BUCKETS: up to 2^37 ns
@@ -135,6 +136,16 @@ class Histogram:
                 raise ValueError(f"not a histogram bucket: {i!r}")
             counts[i] += c
         return cls(counts, sum_ns, max_ns, errors)
+
+
+class RequestLatency(TypedDict):
+    """The reply latency of the requests the fast path library times (fuse/fastpath.py
+    request_latency), by kind, and how many it could not time."""
+    write: Histogram  # stored before their reply
+    write_early: Histogram  # acknowledged before they were stored (write-behind)
+    read: Histogram
+    fsync: Histogram
+    untimed: int
 
 
 @dataclass(frozen=True, slots=True)

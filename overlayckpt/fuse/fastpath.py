@@ -17,10 +17,13 @@ import inspect
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from overlayckpt.core.latency import BUCKETS, Histogram
+from overlayckpt.core.latency import BUCKETS, Histogram, RequestLatency
 from overlayckpt.records import CONTROL_INO_BASE
+
+if TYPE_CHECKING:  # (only for the type: this module must load before pyfuse3 is imported)
+    from pyfuse3 import EntryAttributes
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ def preload() -> None:
     _lib = lib
 
 
-def speed_up_loop(pyfuse3: Any) -> None:
+def speed_up_loop(pyfuse3: Any) -> None:  # (the module: a private function of it is replaced)
     """Have pyfuse3's loop take the next request without a trip through trio.
 
     pyfuse3 waits for each request in trio (a lock, epoll, a reschedule), which
@@ -184,17 +187,16 @@ def request_arrival() -> int:
     return _request_arrival.value if _request_arrival is not None else 0
 
 
-def request_latency() -> dict[str, Any] | None:
+def request_latency() -> RequestLatency | None:
     """The reply latency of the reads, writes and fsyncs C has timed (stats.c), by kind (STATS_KINDS),
     and "untimed": how many it could not time; None when the library serves no session."""
     if _lib is None or not active():
         return None
     raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "fastpath_stats")
-    out: dict[str, Any] = {}
-    for name, h in zip(STATS_KINDS, raw):
-        out[name] = Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
-    out["untimed"] = ctypes.c_uint64.in_dll(_lib, "fastpath_stats_untimed").value
-    return out
+    write, write_early, read, fsync = (Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
+                                       for h in raw)  # (in STATS_KINDS order)
+    return {"write": write, "write_early": write_early, "read": read, "fsync": fsync,
+            "untimed": ctypes.c_uint64.in_dll(_lib, "fastpath_stats_untimed").value}
 
 
 def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
@@ -217,7 +219,12 @@ def warm_tree(dir_fd: int) -> bool:
     return False
 
 
-def read_ahead() -> dict[str, Any] | None:
+class ReadAhead(TypedDict):
+    dirs: int  # directories listed so far
+    done: bool  # whether the walk has ended
+
+
+def read_ahead() -> ReadAhead | None:
     """How far warm_tree got: directories listed, and whether the walk has ended."""
     if _lib is None or not active():
         return None
@@ -225,7 +232,7 @@ def read_ahead() -> dict[str, Any] | None:
             "done": bool(ctypes.c_int.in_dll(_lib, "fastpath_warm_done").value)}
 
 
-def publish_dir_attrs(a: Any) -> None:
+def publish_dir_attrs(a: EntryAttributes) -> None:
     """Have C answer the directory's next GETATTRs with a (pyfuse3.EntryAttributes, what
     Python's getattr answers now) until a request that may change anything comes:
     called by a request that changed the directory, before its reply (dirattrs.c)."""

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
-from overlayckpt.core.latency import Captures, Histogram
+from overlayckpt.core.latency import Captures, Histogram, RequestLatency
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
@@ -45,12 +45,12 @@ def no_kernel_status() -> dict[str, Any]:
 
 # What the stats command reads of the mount's request path, given by the mount at
 # construction: the reply latency of reads and writes that the C library times
-# (fuse/fastpath.py request_latency: "write", "write_early", "read", "fsync", "untimed"), None
-# without it; a session opened without a mount has none.
-RequestStats = Callable[[], dict[str, Any] | None]
+# (fuse/fastpath.py request_latency), None without it; a session opened without a mount
+# has none.
+RequestStats = Callable[[], RequestLatency | None]
 
 
-def no_request_stats() -> dict[str, Any] | None:
+def no_request_stats() -> RequestLatency | None:
     return None
 
 
