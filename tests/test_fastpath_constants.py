@@ -8,7 +8,6 @@ No mount, no root: the library is only loaded, never asked to serve a session.
 from __future__ import annotations
 
 import ctypes
-import glob
 import importlib
 import importlib.machinery
 import os
@@ -43,8 +42,8 @@ def python_constant(modules: list[str], name: str) -> Any:
 
 
 def library_path() -> str | None:
-    """The built overlayckpt._kcache, looked for as fastpath.py does: next to the
-    package in the repo, else next to the overlayckpt that imports."""
+    """The built overlayckpt/fuse/libfastpath.so, looked for as fastpath.py does (beside
+    it): in the repo, else beside the overlayckpt that imports."""
     dirs = [os.path.join(REPO, "overlayckpt")]
     try:
         import overlayckpt
@@ -52,10 +51,9 @@ def library_path() -> str | None:
     except ImportError:
         pass
     for here in dirs:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            found = glob.glob(os.path.join(here, "_kcache" + suffix))
-            if found:
-                return found[0]
+        found = os.path.join(here, "fuse", "libfastpath.so")
+        if os.path.exists(found):
+            return found
     return None
 
 

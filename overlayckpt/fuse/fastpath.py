@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import glob
-import importlib.machinery
 import inspect
 import logging
 import os
@@ -53,16 +51,13 @@ class _Hist(ctypes.Structure):
 STATS_KINDS = ("write", "write_early", "read", "fsync")
 
 
+LIBRARY = "libfastpath.so"  # setup.py builds it beside this module (no Python extension)
+
+
 def _library_path() -> str | None:
-    """The built library: next to this module, or in the package root (where setup.py
-    put it before the C sources moved under fuse/csrc/)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for where in (here, os.path.dirname(here)):
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            found = glob.glob(os.path.join(where, "_kcache" + suffix))
-            if found:
-                return found[0]
-    return None
+    """The built library, beside this module."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY)
+    return path if os.path.exists(path) else None
 
 
 def preload() -> None:

@@ -15,7 +15,8 @@
  *   without the GIL, before it waits in trio.
  * - fuse_session_destroy: stops and joins the thread first.
  *
- * The files, one thing each (built into the one extension overlayckpt._kcache):
+ * The files, one thing each (built into one shared library, overlayckpt/fuse/libfastpath.so,
+ * by setup.py: not a Python extension, fuse/fastpath.py loads it with ctypes):
  * - interpose.c: the libfuse functions above and fuse_reply_write/fuse_reply_err,
  *   which only dispatch to the others.
  * - fastpath.c: which requests C answers, and the wrapped handlers.
