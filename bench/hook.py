@@ -23,8 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from overlayckpt.core.agent_settings import hook_program
-from overlayckpt.core.agents import event_to_line
+from overlayckpt.agents.hooks import event_to_line
+from overlayckpt.agents.settings import hook_program
 
 
 def agent_events(cwd: str) -> dict[str, list[dict[str, Any]]]:

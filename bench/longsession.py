@@ -10,7 +10,7 @@ group per checkpoint, with a window too long to end a group by itself.
 
 Built stores are cached under ``bench/work/longsession-<key>`` keyed by the
 parameters, the generator version, the repo and the store format
-(``records.FORMAT_VERSION``, checked against the store's meta ``format``
+(``store.format.FORMAT_VERSION``, checked against the store's meta ``format``
 key), so re-runs skip the build; every run works on a private copy.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Built:
 
 
 def store_format() -> int:
-    from overlayckpt.records import FORMAT_VERSION
+    from overlayckpt.store.format import FORMAT_VERSION
     return int(FORMAT_VERSION)
 
 

@@ -1,7 +1,7 @@
 import sys
 
 if sys.argv[1:2] == ["hook"]:  # run by the agent on every event: no CLI imports
-    from overlayckpt.core.agents import hook_main
+    from overlayckpt.agents.hooks import hook_main
     code = hook_main(sys.argv[2:])
     if code is not None:
         sys.exit(code)

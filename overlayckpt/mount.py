@@ -21,10 +21,10 @@ import signal
 import sys
 from typing import Any
 
-from overlayckpt.core import behind
-from overlayckpt.fuse import kcache
+from overlayckpt.core import writebehind
+from overlayckpt.fuse import fastpath
 
-kcache.preload()  # before pyfuse3 binds libfuse (see kcache.py)
+fastpath.preload()  # before pyfuse3 binds libfuse (see fastpath.py)
 
 import pyfuse3
 import trio
@@ -84,16 +84,16 @@ class Kernel:
         is a real epoch bump, which costs nothing before anything is looked up."""
         if os.environ.get(INVALIDATION_ENV) == "entries":
             return
-        err = kcache.notify_inc_epoch()
+        err = fastpath.notify_inc_epoch()
         self.epoch = err == 0
         if err and err != errno.ENOTCONN:
             log.info("kernel refuses FUSE_NOTIFY_INC_EPOCH (%s): names are invalidated one "
                      "by one", os.strerror(err))
 
     def status(self) -> dict[str, Any]:
-        """What the status command shows of the kernel side (fuse/kcache.py)."""
-        return {"kernel_dir_cache": kcache.active(), "repo_read_ahead": kcache.read_ahead(),
-                "dir_attrs_from_c": kcache.dir_attrs_answered(),
+        """What the status command shows of the kernel side (fuse/fastpath.py)."""
+        return {"kernel_dir_cache": fastpath.active(), "repo_read_ahead": fastpath.read_ahead(),
+                "dir_attrs_from_c": fastpath.dir_attrs_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
@@ -106,11 +106,11 @@ class Kernel:
         The epoch leaves attributes, pages and listings alone, so every inode whose
         attributes, content or listing changed is still invalidated (in C, one system
         call each, without the GIL)."""
-        kcache.drop_dir_attrs()
+        fastpath.drop_dir_attrs()
         def run() -> None:
             names = entries
             if self.epoch and len(entries) > EPOCH_ABOVE:
-                err = kcache.notify_inc_epoch()
+                err = fastpath.notify_inc_epoch()
                 if err == 0:
                     names = []
                 else:  # (not expected once the probe passed: back to names, for good)
@@ -123,7 +123,7 @@ class Kernel:
                 except OSError:
                     pass  # the kernel never cached it
             try:
-                if kcache.notify_inval_inodes(inodes) is not None:
+                if fastpath.notify_inval_inodes(inodes) is not None:
                     return
             except OSError as e:  # (the mount went away: pyfuse3 says the same per inode)
                 log.warning("invalidating %d inodes in C failed: %s", len(inodes), e)
@@ -196,14 +196,14 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
                            invalidate=kernel.invalidate, flush_kernel=kernel.flush_kernel,
-                           warm=kcache.warm_tree, kernel_status=kernel.status,
-                           sandboxed=sandboxed, request_stats=kcache.request_latency,
+                           warm=fastpath.warm_tree, kernel_status=kernel.status,
+                           sandboxed=sandboxed, request_stats=fastpath.request_latency,
                            captures=captures)
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
-                     kernel_handles=kcache.active, capture=captures)
+                     kernel_handles=fastpath.active, capture=captures)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
         with stderr_lines() as said:  # libfuse says why only there
@@ -212,12 +212,12 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
         session.close()
         raise UserError(f"cannot mount on {mountpoint}: {reason(said, str(e))}") from None
     kernel.probe_epoch()
-    kcache.speed_up_loop(pyfuse3)
-    kcache.serve_promptly()  # (the readers and worker threads it starts keep the default)
-    seq, offset = behind.position(session.store)
-    kcache.write_behind(behind.open_log(store_dir), behind.LOG_SIZE, seq, offset)
+    fastpath.speed_up_loop(pyfuse3)
+    fastpath.serve_promptly()  # (the readers and worker threads it starts keep the default)
+    seq, offset = writebehind.position(session.store)
+    fastpath.write_behind(writebehind.open_log(store_dir), writebehind.LOG_SIZE, seq, offset)
     info = read_info(store_dir)
-    info.update(pid=os.getpid(), mountpoint=os.path.abspath(mountpoint))
+    info.update({"pid": os.getpid(), "mountpoint": os.path.abspath(mountpoint)})
     write_info(store_dir, info)
     try:
         trio.run(daemon.serve)
@@ -230,7 +230,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             # signal, those still queued: pyfuse3's loop stops before the queue is empty,
             # and C acknowledged writes until the unmount; they are in the log only
             session.store.store_deferred()
-            behind.recover(session.overlay, store_dir)
+            writebehind.recover(session.overlay, store_dir)
             if session.apply_on_exit:
                 result = {"applied": True, **apply_live(session.ctx)}
                 if result["refused"]:  # (device nodes, fifos, other users' files: listed)

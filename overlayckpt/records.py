@@ -18,9 +18,6 @@ import msgpack
 from overlayckpt.names import NAME_MAX as NAME_MAX  # (re-exported: names.py stays free of msgpack)
 from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
 
-FORMAT_VERSION = 5  # 2: the history index; 3: GROUPFILES and split raw blocks; 4: the inode
-# counter at each checkpoint (Checkpoint.next_ino); 5: each group's counts row in GROUPFILES;
-# older formats are upgraded at open
 DEFAULT_BLOCK_SIZE = 4096
 # the block sizes a store may have (a power of two): a bundle's, a store's, --block-size
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 512, 1 << 20

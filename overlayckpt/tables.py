@@ -17,7 +17,7 @@ CKPTS = b"ckpts"        # checkpoint id -> Checkpoint
 NAMES = b"names"        # checkpoint name -> checkpoint id
 PINNED = b"pinned"      # repo path -> what apply pinned
 CONV = b"conv"          # conversation line key -> entry
-SEEN = b"seen"          # repo file -> what the session first saw of it
+SEEN = b"seen"          # repo file -> what the session first saw of it: the baseline (core/baseline.py)
 # the history index (core/history.py): derived from the journal, rebuilt when missing
 VERSIONS = b"versions"  # versioned key + seq -> the key's value before that group changed it
 CHANGED = b"changed"    # layer + seq + versioned key -> born seq or b"": each key's newest version
@@ -39,7 +39,7 @@ NEXT_INO_KEY = b"next_ino"        # counter of upper inodes
 NEXT_CKPT_KEY = b"next_ckpt"      # counter of checkpoint ids
 CONV_HEAD_KEY = b"conv_head"      # the live conversation's last line
 CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
-WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (behind.py) has been stored
+WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (writebehind.py) has been stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
 HISTORY_KEY = b"history"          # present when the history index matches the journal
 HISTORY_BORN = 2                  # its value once CHANGED has layers and born values (format 5)

@@ -331,7 +331,7 @@ DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
     # kill -9 (or SIGTERM) while C had acknowledged writes Python had not stored yet: the
     # next mount (or the daemon itself, after SIGTERM) replays them from the write-behind
     # log and says so. The crash tests kill on purpose; these two check this very line.
-    (r"WARNING overlayckpt\.core\.behind: stored \d+ writes that a stopped daemon had acknowledged",
+    (r"WARNING overlayckpt\.core\.writebehind: stored \d+ writes that a stopped daemon had acknowledged",
      r"test_reliability\.py::(test_crash_|test_restore_both_is_both_or_neither_when_killed|"
      r"test_writes_acknowledged_before_they_were_stored_survive_kill|"
      r"test_sigterm_stores_acknowledged_writes_before_it_applies|"

@@ -178,7 +178,7 @@ def test_a_turn_without_a_tool_call_is_summed_up_by_its_last_message(mounted: Mo
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_hook_never_breaks_the_agent(tmp_path: Path, compiled: bool) -> None:
-    from overlayckpt.core.agent_settings import hook_program
+    from overlayckpt.agents.settings import hook_program
     command = [str(hook_program())] if compiled else CLI + ["hook"]
     for stdin in ("{broken", json.dumps(EVENTS["PreToolUse"]), "", "[1]", "x" * (5 << 20)):
         start = time.monotonic()
@@ -262,11 +262,11 @@ def test_the_hook_imports_only_what_it_needs(tmp_path: Path) -> None:
                           cwd=tmp_path, timeout=30)
     assert proc.returncode == 0
     loaded = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-    assert "overlayckpt.core.agents" in loaded
+    assert "overlayckpt.agents.hooks" in loaded
     heavy = {m for m in loaded if m.split(".")[0] in ("trio", "lmdb", "zstandard", "blake3",
                                                       "pyfuse3", "prompt_toolkit")
              or m.startswith(("overlayckpt.cli", "overlayckpt.store", "overlayckpt.records",
-                              "overlayckpt.core.agent_settings", "overlayckpt.core.transcripts"))}
+                              "overlayckpt.agents.settings", "overlayckpt.agents.transcripts"))}
     assert not heavy
 
 

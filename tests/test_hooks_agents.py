@@ -18,9 +18,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from conftest import CLI, Mount, conversation, run_cli, summaries
-from overlayckpt.core.agent_settings import hook_program
-from overlayckpt.core.agents import event_to_line
-from overlayckpt.core.conversation import parse_line
+from overlayckpt.agents.hooks import event_to_line
+from overlayckpt.agents.lines import parse_line
+from overlayckpt.agents.settings import hook_program
 
 HOOKS = {"compiled": [str(hook_program())], "python": CLI + ["hook"]}
 

@@ -23,11 +23,12 @@ RANKS = {
     "records": 0, "errors": 0, "tables": 0, "names": 0,
     "store": 1,
     "core": 2,
-    "export": 3,
-    "service": 4,
-    "fuse": 5,
-    "mount": 6,
-    "cli": 7, "__main__": 7, "demo": 7,
+    "agents": 3,
+    "export": 4,
+    "service": 5,
+    "fuse": 6,
+    "mount": 7,
+    "cli": 8, "__main__": 8, "demo": 8,
 }
 # the package __init__ (empty) belongs to no layer: nothing may import it for its content
 PACKAGE_RANK = 0

@@ -89,7 +89,7 @@ def test_apply_refusal_says_what_differs_and_which_side(tmp_path: Path, mount_fa
 
 
 def test_index_entries_read_every_index_version_as_git_lists_them(tmp_path: Path) -> None:
-    from overlayckpt.core.seen import index_entries
+    from overlayckpt.core.baseline import index_entries
     repo = git_repo(tmp_path / "repo")
     for i in range(40):
         (repo / f"dir{i % 3}").mkdir(exist_ok=True)

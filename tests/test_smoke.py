@@ -46,7 +46,7 @@ def test_lower_files_keep_their_inode_numbers(mounted: Mount) -> None:
 
 
 def test_requests_without_state_are_answered_in_c(mounted: Mount) -> None:
-    """The kernel-cache library (_kcache.c) is built and in the daemon's path: without
+    """The fast path library (fuse/csrc/) is built and in the daemon's path: without
     it the mount still works, only slower, so only this test would notice."""
     assert mounted.ctl({"cmd": "status"})["kernel_dir_cache"] is True
     path = mounted.mnt / "docs" / "guide.txt"

@@ -68,7 +68,7 @@ def direct_reads(path: Path, count: int) -> None:
 def test_counts_are_exact_and_latency_never_above_the_clients(mounted: Mount) -> None:
     m = mounted
     before = stats(m)
-    assert before["requests_timed"], "the kernel-cache library should serve the mount"
+    assert before["requests_timed"], "the fast path library should serve the mount"
     for group in ("writes", "capture", "reads", "checkpoints", "restores"):
         assert before[group]["count"] == 0, (group, before[group])
 

@@ -195,7 +195,7 @@ def test_missing_and_busy_mountpoints(user: User, work: Path) -> None:
 def wheel_has_library(wheels: Path) -> bool:
     import zipfile
     (wheel,) = wheels.glob("overlayckpt-*.whl")
-    return any(n.startswith("overlayckpt/_kcache") for n in zipfile.ZipFile(wheel).namelist())
+    return "overlayckpt/fuse/libfastpath.so" in zipfile.ZipFile(wheel).namelist()
 
 
 def test_a_user_builds_from_a_checkout_it_cannot_write_and_from_an_sdist(user: User, work: Path) -> None:

@@ -2,11 +2,11 @@
 
    An agent runs its hooks synchronously, twice per tool call: a hook that starts Python
    costs 20 ms before it does anything. This one does what the Python hook
-   (overlayckpt/core/agents.py) does up to the conversion, in about a millisecond:
+   (overlayckpt/agents/hooks.py) does up to the conversion, in about a millisecond:
 
    - reads one event (a JSON object, at most MAX_EVENT bytes) from stdin and checks that
      it is well-formed JSON, no deeper than MAX_DEPTH;
-   - finds the live overlayckpt mount to log into exactly as agents.py does: --mount M,
+   - finds the live overlayckpt mount to log into exactly as agents/hooks.py does: --mount M,
      else $OVERLAYCKPT_MOUNT, else the innermost mount above the event's cwd (Cursor:
      its first workspace root), among the mounts /proc/self/mountinfo lists with type
      fuse.overlayckpt, root "/" and user_id= this process's uid;

@@ -43,6 +43,9 @@ left out, and the report says why.
 
 Times are perf_counter_ns around the operation alone; choosing targets and
 putting deleted or renamed files back happen outside it.
+
+This module runs the bench and reports it; the checks and the sample are in
+bench_sample.py, the timed operations in bench_ops.py.
 """
 from __future__ import annotations
 
@@ -51,334 +54,46 @@ import contextlib
 import json
 import math
 import os
-import random
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import TypedDict
 
 from overlayckpt.cli import client
+from overlayckpt.cli.bench_ops import (
+    BATCH,
+    GIT_OPS,
+    WRITE_OPS,
+    Side,
+    Workload,
+    git_problem,
+    percentile,
+    run_git,
+    us,
+    write_file,
+)
+from overlayckpt.cli.bench_sample import (
+    MAX_FILE,
+    SEED,
+    Sample,
+    check_fuse,
+    check_repo,
+    mount_of,
+    sample_files,
+    scratch_base,
+)
 from overlayckpt.errors import UserError
 from overlayckpt.names import line_text
 
-SAMPLE_FILES = 300
-MAX_FILE = 256 << 10  # bytes: a bigger file is skipped (its content is held in memory)
-WALK_SECONDS = 10.0  # the sampling walk stops here on a slow or huge tree
-SEED = 33
-BATCH = 20  # files per write operation, per side and round
-EDIT_SIZE = 4096
-APPEND = b"// appended by overlayckpt bench\n"
-NEW_FILE = b"x" * 1024
 GIT_SHARE = 0.5  # at most this part of the measuring time goes to git ops
-GIT_TIMEOUT = 600.0  # seconds one git command may take
 READ_AHEAD_WAIT = 60.0  # seconds to let the daemon's read-ahead of REPO's metadata end
 MAX_SECONDS = 3600.0
 DAEMON_EXIT_WAIT = 30.0
-
-WRITE_OPS = ("atomic_save", "edit", "append", "create", "delete", "rename")
-GIT_OPS = ("git_status", "git_diff")
-
-
-# -- checks -------------------------------------------------------------------------
-
-def _mount_of(path: str) -> tuple[str, str]:
-    """The mountpoint holding path and its filesystem type (from /proc/self/mounts)."""
-    best, fstype = "/", ""
-    with open("/proc/self/mounts", "rb") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 3:
-                continue
-            # (mounts escape spaces and the like as octal)
-            point = fields[1].decode("unicode_escape").encode("latin-1")
-            mnt = os.fsdecode(point)
-            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fstype = mnt, fields[2].decode()
-    return best, fstype
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def check_repo(repo_arg: str) -> str:
-    """REPO as a real path, or one line saying why it cannot be measured."""
-    shown = line_text(repo_arg)
-    try:
-        st = os.stat(repo_arg)
-    except FileNotFoundError:
-        raise UserError(f"bench: {shown} does not exist: give the repository to measure") from None
-    except OSError as e:
-        raise UserError(f"bench: cannot reach {shown} ({e.strerror}): give a readable "
-                        "repository directory") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UserError(f"bench: {shown} is not a directory: give the repository to measure")
-    repo = os.path.realpath(repo_arg)
-    if client.is_stale(repo):
-        raise UserError(f"bench: {shown} is a stale mount (its daemon is gone): run "
-                        "'overlayckpt unmount' on it first")
-    point, fstype = _mount_of(repo)
-    if os.path.exists(os.path.join(repo, ".overlayckpt", "ctl")) or (
-            fstype == "fuse.overlayckpt" and point == repo):
-        raise UserError(f"bench: {shown} is an overlayckpt mount: bench the repository itself "
-                        "(unmount it first if it is mounted in place)")
-    if fstype == "fuse.overlayckpt":
-        raise UserError(f"bench: {shown} is inside the overlayckpt mount {line_text(point)}: "
-                        "bench the repository itself")
-    if not os.access(repo, os.R_OK | os.X_OK):
-        raise UserError(f"bench: {shown} is not readable: run as its owner")
-    return repo
-
-
-def check_fuse() -> None:
-    try:
-        fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        raise UserError(f"bench: FUSE is not available here (/dev/fuse: {e.strerror}): install "
-                        "fuse3 and load the fuse module ('modprobe fuse')") from None
-    os.close(fd)
-    if shutil.which("fusermount3") is None:
-        raise UserError("bench: FUSE is not available here (no fusermount3): install fuse3")
-
-
-def scratch_base(repo: str) -> str:
-    """The temp directory the scratch directory goes in: never inside REPO (the store
-    must not be in the lower, and REPO must stay as it was)."""
-    base = os.path.realpath(tempfile.gettempdir())
-    if _inside(base, repo):
-        raise UserError(f"bench: the temp directory {line_text(base)} is inside the repository: "
-                        "set TMPDIR to a directory outside it")
-    return base
-
-
-# -- sampling -----------------------------------------------------------------------
-
-@dataclass(slots=True)
-class Sample:
-    files: list[str]  # relative paths, sorted
-    walked: int  # regular files seen
-    complete: bool  # the walk saw the whole tree within WALK_SECONDS
-
-
-def sample_files(repo: str, limit: int = SAMPLE_FILES, seed: int = SEED,
-                 budget: float = WALK_SECONDS) -> Sample:
-    """Up to limit writable regular files of REPO (not in .git), chosen by reservoir
-    sampling over a walk in sorted order: deterministic for a given tree."""
-    rng = random.Random(seed)
-    chosen: list[str] = []
-    walked = eligible = 0
-    deadline = time.monotonic() + budget
-    stack = [""]
-    complete = True
-    while stack:
-        if time.monotonic() > deadline:
-            complete = False
-            break
-        rel = stack.pop()
-        try:
-            with os.scandir(os.path.join(repo, rel)) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        subdirs = []
-        writable_dir = os.access(os.path.join(repo, rel), os.W_OK | os.X_OK)
-        for e in entries:
-            path = f"{rel}/{e.name}" if rel else e.name
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    if e.name not in (".git", ".overlayckpt"):
-                        subdirs.append(path)
-                    continue
-                if not e.is_file(follow_symlinks=False):
-                    continue
-                size = e.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-            walked += 1
-            if size > MAX_FILE or not writable_dir or not os.access(e.path, os.R_OK | os.W_OK):
-                continue
-            # reservoir sampling (algorithm R) over the files that qualify
-            eligible += 1
-            if len(chosen) < limit:
-                chosen.append(path)
-            else:
-                j = rng.randrange(eligible)
-                if j < limit:
-                    chosen[j] = path
-        stack.extend(reversed(subdirs))  # (depth first, in name order)
-    return Sample(sorted(chosen), walked, complete)
-
-
-# -- timing ---------------------------------------------------------------------------
-
-def percentile(values: list[int], q: float) -> float:
-    """Nearest-rank percentile of values (ns)."""
-    ordered = sorted(values)
-    return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
-
-
-def _us(ns: float) -> float:
-    return round(ns / 1000, 1)
-
-
-@dataclass(slots=True)
-class Side:
-    """One contender: a root and the samples of each operation on it."""
-    name: str  # "native" or "mounted"
-    root: str
-    samples: dict[str, list[int]] = field(default_factory=dict)
-    written: int = 0  # bytes written into this side (timed or not)
-
-    def path(self, rel: str) -> str:
-        return os.path.join(self.root, rel)
-
-    def record(self, op: str, ns: int) -> None:
-        self.samples.setdefault(op, []).append(ns)
-
-
-def _write_all(fd: int, data: bytes) -> int:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    return len(data)
-
-
-def _write_file(path: str, data: bytes, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
-    try:
-        return _write_all(fd, data)
-    finally:
-        os.close(fd)
-
-
-class Workload:
-    """The write operations, each on a file of the sample in turn, the same file
-    for both sides; `counter` names temp and new files uniquely."""
-
-    def __init__(self, files: list[str], contents: dict[str, bytes]) -> None:
-        self.files = files
-        self.contents = contents
-        self.cursor = {op: i * BATCH for i, op in enumerate(WRITE_OPS)}
-        self.counter = 0
-        self.edit_buf = bytes(random.Random(SEED).getrandbits(8) for _ in range(EDIT_SIZE))
-
-    def targets(self, op: str) -> list[str]:
-        start = self.cursor[op]
-        self.cursor[op] = start + BATCH
-        return [self.files[(start + k) % len(self.files)] for k in range(BATCH)]
-
-    def run(self, op: str, side: Side, targets: list[str], first: int) -> None:
-        """One batch of op on side; first numbers the batch's temp and new files."""
-        fn = getattr(self, "_" + op)
-        for k, rel in enumerate(targets):
-            fn(side, rel, first + k)
-
-    def _atomic_save(self, side: Side, rel: str, n: int) -> None:
-        path = side.path(rel)
-        head, tail = os.path.split(path)
-        tmp = os.path.join(head, f".{tail}.bench-{n}.tmp")
-        data = b"// overlayckpt bench save %d\n" % n + self.contents[rel]
-        t0 = time.perf_counter_ns()
-        _write_file(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        os.rename(tmp, path)
-        side.record("atomic_save", time.perf_counter_ns() - t0)
-        side.written += len(data)
-
-    def _edit(self, side: Side, rel: str, n: int) -> None:
-        path = side.path(rel)
-        size = len(self.contents[rel])
-        offset = EDIT_SIZE if size >= 2 * EDIT_SIZE else 0  # inside the file where it can be
-        t0 = time.perf_counter_ns()
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.pwrite(fd, self.edit_buf, offset)
-        finally:
-            os.close(fd)
-        side.record("edit", time.perf_counter_ns() - t0)
-        side.written += EDIT_SIZE
-
-    def _append(self, side: Side, rel: str, n: int) -> None:
-        t0 = time.perf_counter_ns()
-        _write_file(side.path(rel), APPEND, os.O_WRONLY | os.O_APPEND)
-        side.record("append", time.perf_counter_ns() - t0)
-        side.written += len(APPEND)
-
-    def _create(self, side: Side, rel: str, n: int) -> None:
-        path = os.path.join(os.path.dirname(side.path(rel)), f"bench-new-{n}.txt")
-        t0 = time.perf_counter_ns()
-        _write_file(path, NEW_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        side.record("create", time.perf_counter_ns() - t0)
-        side.written += len(NEW_FILE)
-
-    def _delete(self, side: Side, rel: str, n: int) -> None:
-        path = side.path(rel)
-        t0 = time.perf_counter_ns()
-        os.unlink(path)
-        side.record("delete", time.perf_counter_ns() - t0)
-        # put it back, untimed: later operations (and git) find the file again
-        side.written += _write_file(path, self.contents[rel], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-
-    def _rename(self, side: Side, rel: str, n: int) -> None:
-        path = side.path(rel)
-        moved = f"{path}.bench-mv"
-        t0 = time.perf_counter_ns()
-        os.rename(path, moved)
-        side.record("rename", time.perf_counter_ns() - t0)
-        os.rename(moved, path)  # (back, untimed)
-
-
-def _git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_OPTIONAL_LOCKS="0", LC_ALL="C", GIT_TERMINAL_PROMPT="0")
-    return env
-
-
-def git_argv(root: str, op: str) -> list[str]:
-    """git on root's work tree and root/.git, read-only: no index refresh
-    (--no-optional-locks), no fsmonitor daemon started on it, no pager, no external
-    diff programs."""
-    base = ["git", "--no-pager", "--no-optional-locks", "-c", "core.fsmonitor=false",
-            f"--git-dir={os.path.join(root, '.git')}", f"--work-tree={root}"]
-    if op == "git_status":
-        return base + ["status", "--porcelain"]
-    return base + ["diff", "--no-ext-diff", "--no-textconv"]
-
-
-def run_git(side: Side, op: str, record: str | None) -> None:
-    argv = git_argv(side.root, op)
-    t0 = time.perf_counter_ns()
-    try:
-        proc = subprocess.run(argv, check=False, cwd=side.root, env=_git_env(), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=GIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"bench: {' '.join(argv[-2:])} took over {GIT_TIMEOUT:.0f} s "
-                        f"({side.name}): try a smaller repository") from None
-    ns = time.perf_counter_ns() - t0
-    if proc.returncode != 0:
-        why = (proc.stderr.decode(errors="replace").strip().splitlines() or ["failed"])[-1]
-        raise UserError(f"bench: git {op.removeprefix('git_')} failed ({side.name}): "
-                        f"{line_text(why)}")
-    if record:
-        side.record(record, ns)
-
-
-def git_problem(repo: str) -> str | None:
-    """Why the git ops are left out (None: they run)."""
-    dotgit = os.path.join(repo, ".git")
-    if not os.path.lexists(dotgit):
-        return "not a git repository"
-    if os.path.islink(dotgit) or not os.path.isdir(dotgit):
-        return ".git is not a directory (a worktree or submodule): its git directory is " \
-               "outside the repository, which git in the mount would write"
-    if shutil.which("git") is None:
-        return "git is not installed"
-    return None
 
 
 # -- progress -------------------------------------------------------------------------
@@ -439,14 +154,14 @@ class Scratch:
         self.pid = client.status(self.mnt).get("pid")
         self.conn = client.Connection(self.mnt)
 
-    def call(self, cmd: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    def call(self, cmd: Mapping[str, object]) -> tuple[Mapping[str, object], int]:
         assert self.conn is not None
         t0 = time.perf_counter_ns()
-        reply = self.conn.call(cmd)
+        reply: Mapping[str, object] = self.conn.call(dict(cmd))
         return reply, time.perf_counter_ns() - t0
 
     def _mounted(self) -> bool:
-        return _mount_of(self.mnt)[0] == self.mnt
+        return mount_of(self.mnt)[0] == self.mnt
 
     def _daemon_pid(self) -> int | None:
         """Our daemon: known from its status, else the process we started with this
@@ -514,11 +229,11 @@ def _log_problems(path: str) -> list[str]:
                 or line.startswith("Traceback")) and not any(n in line for n in _LOG_NOISE)]
 
 
-def _stop(signum: int, frame: Any) -> None:
+def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _signals(handler: Any) -> None:
+def _signals(handler: Callable[[int, FrameType | None], None]) -> None:
     """SIGTERM and SIGHUP end a run as Ctrl-C does, through the finally that unmounts."""
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, handler)
@@ -551,30 +266,94 @@ def _wait_read_ahead(mnt: str, until: float) -> None:
         time.sleep(0.05)
 
 
-def summarize(native: Side, mounted: Side, ops: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+# -- the report (its JSON, `bench --json`, is these dicts) ------------------------------
+
+class OpRow(TypedDict):
+    """One operation timed on both sides: µs at the median and the 99th percentile."""
+    count: int
+    native_p50_us: float
+    mounted_p50_us: float
+    ratio_p50: float | None  # mounted / native
+    native_p99_us: float
+    mounted_p99_us: float
+    ratio_p99: float | None
+
+
+class MountedOnly(TypedDict, total=False):
+    """An operation that runs in the mount only (checkpoint, restore); no times if count is 0."""
+    count: int
+    p50_us: float
+    p99_us: float
+
+
+class RestoreRow(MountedOnly, total=False):
+    p50_ms: float
+    changed_entries_p50: int  # the store entries each restore wrote
+
+
+class StoreGrowth(TypedDict):
+    """On disk (data.mdb's allocated bytes: LMDB's copy-on-write pages included, which it
+    reuses later), and the blocks of content captured (count x block size)."""
+    bytes_written: int
+    store_bytes_grown: int
+    bytes_per_mib_written: int | None
+    blocks_grown: int
+    block_bytes_per_mib_written: int | None
+
+
+class Measured(TypedDict):
+    """What _measure found."""
+    repo: str
+    files_walked: int
+    walk_complete: bool
+    files_sampled: int
+    seed: int
+    batch: int
+    git: bool
+    git_skipped: str | None  # why the git ops were left out
+    rounds: int
+    measured_s: float
+    mount_ms: float
+    read_ahead_ms: float
+    ops: dict[str, OpRow]
+    checkpoint: MountedOnly
+    restore: RestoreRow
+    store: StoreGrowth
+
+
+class Report(Measured):
+    """The whole run."""
+    repo_untouched: bool
+    daemon_log_problems: list[str]
+    wall_s: float
+
+
+def _ratio(mounted: float, native: float) -> float | None:
+    # of the figures shown, so the row is consistent (a native p50 of a few µs rounds to
+    # 0.1 µs: the ratio of the unrounded times could differ by 2%)
+    return round(mounted / native, 3) if native > 0 else None
+
+
+def summarize(native: Side, mounted: Side, ops: tuple[str, ...]) -> dict[str, OpRow]:
+    out: dict[str, OpRow] = {}
     for op in ops:
         a, b = native.samples.get(op), mounted.samples.get(op)
         if not a or not b:
             continue
-        row: dict[str, Any] = {"count": min(len(a), len(b))}
-        for q, key in ((0.5, "p50"), (0.99, "p99")):
-            n, m = _us(percentile(a, q)), _us(percentile(b, q))
-            row[f"native_{key}_us"] = n
-            row[f"mounted_{key}_us"] = m
-            # of the figures shown, so the row is consistent (a native p50 of a few µs
-            # rounds to 0.1 µs: the ratio of the unrounded times could differ by 2%)
-            row[f"ratio_{key}"] = round(m / n, 3) if n > 0 else None
-        out[op] = row
+        n50, m50 = us(percentile(a, 0.5)), us(percentile(b, 0.5))
+        n99, m99 = us(percentile(a, 0.99)), us(percentile(b, 0.99))
+        out[op] = {"count": min(len(a), len(b)),
+                   "native_p50_us": n50, "mounted_p50_us": m50, "ratio_p50": _ratio(m50, n50),
+                   "native_p99_us": n99, "mounted_p99_us": m99, "ratio_p99": _ratio(m99, n99)}
     return out
 
 
-def _mounted_only(samples: list[int]) -> dict[str, Any]:
-    return {"count": len(samples), "p50_us": _us(percentile(samples, 0.5)),
-            "p99_us": _us(percentile(samples, 0.99))} if samples else {"count": 0}
+def _mounted_only(samples: list[int]) -> MountedOnly:
+    return {"count": len(samples), "p50_us": us(percentile(samples, 0.5)),
+            "p99_us": us(percentile(samples, 0.99))} if samples else {"count": 0}
 
 
-def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
+def run_bench(repo: str, seconds: float, progress: Progress) -> Report:
     started = time.monotonic()
     git_skip = git_problem(repo)
     progress.update(0.0, "sampling files")
@@ -616,19 +395,18 @@ def run_bench(repo: str, seconds: float, progress: Progress) -> dict[str, Any]:
         finally:
             for s, handler in saved.items():
                 signal.signal(s, handler)
-    result["repo_untouched"] = _repo_marks(repo) == marks
-    result["daemon_log_problems"] = scratch.log_problems if scratch is not None else []
-    result["wall_s"] = round(time.monotonic() - started, 2)
-    return result
+    return {**result, "repo_untouched": _repo_marks(repo) == marks,
+            "daemon_log_problems": scratch.log_problems if scratch is not None else [],
+            "wall_s": round(time.monotonic() - started, 2)}
 
 
 def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sample: Sample,
-             contents: dict[str, bytes], git_skip: str | None) -> dict[str, Any]:
+             contents: dict[str, bytes], git_skip: str | None) -> Measured:
     progress.update(0.02, "copying the sample")
     for rel in sample.files:
         dest = os.path.join(scratch.native, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        _write_file(dest, contents[rel], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        write_file(dest, contents[rel], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         shutil.copymode(os.path.join(repo, rel), dest)
     progress.update(0.04, "mounting")
     t0 = time.perf_counter_ns()
@@ -669,7 +447,8 @@ def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sa
         checkpoints.append(ns)
         reply, ns = scratch.call({"cmd": "restore", "id": base_ck, "what": "code"})
         restores.append(ns)
-        changed.append(int(reply.get("changed_keys") or 0))
+        keys = reply.get("changed_keys")
+        changed.append(keys if isinstance(keys, int) else 0)
         elapsed = time.monotonic() - begin
         if git_skip is None and (rnd == 0 or git_ns <= GIT_SHARE * elapsed * 1e9):
             progress.update(0.08 + 0.9 * min(1.0, elapsed / seconds), f"round {rnd + 1}: git")
@@ -701,8 +480,6 @@ def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sa
         "restore": {**_mounted_only(restores),
                     "p50_ms": round(percentile(restores, 0.5) / 1e6, 2),
                     "changed_entries_p50": int(percentile(changed, 0.5))},
-        # on disk (data.mdb's allocated bytes: LMDB's copy-on-write pages included, which
-        # it reuses later) and the blocks of content captured (count x block size)
         "store": {"bytes_written": mounted.written, "store_bytes_grown": grown,
                   "bytes_per_mib_written": round(grown / mib) if mib else None,
                   "blocks_grown": blocks, "block_bytes_per_mib_written":
@@ -722,7 +499,7 @@ def _fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
-def text_report(r: dict[str, Any]) -> str:
+def text_report(r: Report) -> str:
     walked = f"{r['files_walked']:,}" + ("" if r["walk_complete"] else "+ (walk cut short)")
     lines = [(f"overlayckpt bench {line_text(r['repo'])}: {r['files_sampled']} files sampled of "
               f"{walked}, {r['rounds']} rounds in {r['measured_s']:.1f} s "
@@ -735,22 +512,21 @@ def text_report(r: dict[str, Any]) -> str:
         rows.append((op, str(o["count"]), _fmt_us(o["native_p50_us"]), _fmt_us(o["mounted_p50_us"]),
                      _fmt_ratio(o["ratio_p50"]), _fmt_us(o["native_p99_us"]),
                      _fmt_us(o["mounted_p99_us"]), _fmt_ratio(o["ratio_p99"])))
-    for op in ("checkpoint", "restore"):
-        o = r[op]
-        if o["count"]:
-            rows.append((op, str(o["count"]), "-", _fmt_us(o["p50_us"]), "-", "-",
-                         _fmt_us(o["p99_us"]), "-"))
+    for op, m in (("checkpoint", r["checkpoint"]), ("restore", r["restore"])):
+        if m["count"]:
+            rows.append((op, str(m["count"]), "-", _fmt_us(m.get("p50_us")), "-", "-",
+                         _fmt_us(m.get("p99_us")), "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         lines.append("  ".join([row[0].ljust(widths[0])]
                                + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip())
     s = r["store"]
-    per = s["bytes_per_mib_written"]
+    per, blocks_per = s["bytes_per_mib_written"], s["block_bytes_per_mib_written"]
     lines.append(f"store: grew {s['store_bytes_grown'] / (1 << 20):.2f} MiB for "
                  f"{s['bytes_written'] / (1 << 20):.2f} MiB written in the mount"
                  + (f" ({per / 1024:,.0f} KiB per MiB written; captured blocks "
-                    f"{s['block_bytes_per_mib_written'] / 1024:,.0f} KiB per MiB)"
-                    if per is not None else ""))
+                    f"{blocks_per / 1024:,.0f} KiB per MiB)"
+                    if per is not None and blocks_per is not None else ""))
     rs = r["restore"]
     if rs["count"]:
         lines.append(f"restore to the state at mount: {rs['p50_ms']:.1f} ms p50 "

@@ -301,7 +301,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 _SALVAGE = ("import json, sys\n"
-            "from overlayckpt.store.lmdbstore import salvage\n"
+            "from overlayckpt.store.salvage import salvage\n"
             "for name, copied, error in salvage(sys.argv[1], sys.argv[2]):\n"
             "    print(json.dumps([name, copied, error]), flush=True)\n")
 

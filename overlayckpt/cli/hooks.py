@@ -1,7 +1,7 @@
 """The agent hooks: `hook` (run by the agent on each event) and `install-hooks`.
 
 `python -m overlayckpt hook AGENT`, the command we install, never gets here:
-overlayckpt/__main__.py hands it to core/agents.py before the CLI is imported.
+overlayckpt/__main__.py hands it to agents/hooks.py before the CLI is imported.
 """
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import sys
 
 
 def cmd_hook(args: argparse.Namespace) -> int:
-    from overlayckpt.core.agents import run_hook
+    from overlayckpt.agents.hooks import run_hook
     return run_hook(sys.stdin, args.mount, args.agent)
 
 
 def cmd_install_hooks(args: argparse.Namespace) -> int:
-    from overlayckpt.core import agent_settings
+    from overlayckpt.agents import settings as agent_settings
     path = os.path.abspath(args.settings or agent_settings.user_settings_path(args.agent))
     mcp = None if args.no_mcp else agent_settings.mcp_config_path(args.agent, path)
     if args.uninstall:

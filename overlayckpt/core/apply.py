@@ -54,8 +54,9 @@ from overlayckpt.records import (
     Node,
     from_u64,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
 from overlayckpt.store.synced import pwrite_all
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import APPLIED_KEY, DIRENTS, NODES, SEQ_KEY
 
 TEMP_PREFIX = b".overlayckpt-apply-"  # + random hex: a temp name is never derived from input

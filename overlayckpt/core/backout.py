@@ -34,7 +34,7 @@ from overlayckpt.core.tree import State
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import ROOT_INO, TABLE_NAMES, Checkpoint, from_u64, u64
-from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CKPTS
 
 Side = tuple[int, bytes] | None  # (mode, content or link target), as in FileChange; None: no file

@@ -1,5 +1,5 @@
 """Conflicts between an apply and changes made to the repo itself since the session
-first changed a file (the `seen` records: core/seen.py): apply refuses to overwrite
+first changed a file (the `seen` records: core/baseline.py): apply refuses to overwrite
 such a change unless the result would be the same bytes anyway, and after an apply
 records what the repo now holds, which later applies compare with.
 """
@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from overlayckpt.core.baseline import is_git_index, repo_digest, seen_key, seen_path, seen_value
 from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.core.overlay import Overlay
 from overlayckpt.core.pins import seen_fingerprint
-from overlayckpt.core.seen import is_git_index, repo_digest, seen_key, seen_path, seen_value
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Node, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import SEEN
 
 # (file fd, state, inode, node) -> whether the file holds the node's content there

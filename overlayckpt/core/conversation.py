@@ -4,68 +4,20 @@ Lines live in the `conv` table under increasing keys; each stores the key of
 the line before it on its branch (`prev`), so the live branch is the chain
 ending at `meta.conv_head`. Every checkpoint records the head at its time;
 restoring the conversation to a checkpoint moves the head back to it. Later
-lines stay in the table as an abandoned branch, never deleted.
+lines stay in the table as an abandoned branch, never deleted. What is written to
+conversation.jsonl becomes a line in agents/lines.py.
 """
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from overlayckpt.core.agents import MAX_HOOK_LINE, hook_line
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
-from overlayckpt.errors import UserError
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
-
-MAX_LINE = 1 << 20
-_SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
-
-
-
-def parse_line(line: bytes) -> dict[str, Any] | None:
-    """A conversation line as written to the sidecar, or an agent's hook event wrapped
-    as {"hook": AGENT, "event": EVENT} (core/agents.py: the hooks write events as they
-    came, and their lines are made here); None: a hook event that logs nothing."""
-    if len(line) > MAX_HOOK_LINE:
-        raise UserError(f"conversation line longer than {MAX_HOOK_LINE} bytes")
-    try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"conversation line is not JSON: {e}") from None
-    except RecursionError:
-        raise UserError("conversation line is not JSON: nesting too deep") from None
-    if isinstance(obj, dict) and "hook" in obj and "role" not in obj:
-        try:
-            obj = hook_line(obj)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        if obj is None:
-            return None
-        # the limit on the line itself, as when the hook wrote the line it made
-        line = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    if len(line) > MAX_LINE:
-        raise UserError(f"conversation line longer than {MAX_LINE} bytes")
-    if not isinstance(obj, dict) or not isinstance(obj.get("role"), str) or "content" not in obj:
-        raise UserError('a conversation line is a JSON object with "role" (string) and "content"')
-    return _whole_text(obj)
-
-
-def _whole_text(value: Any) -> Any:
-    """value with every lone surrogate ("\\ud800": JSON allows it, UTF-8 cannot hold it; an
-    agent's tool output cut inside an emoji has one) replaced by U+FFFD, so the line is
-    stored as sent but for that character rather than refused."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_whole_text(k): _whole_text(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole_text(v) for v in value]
-    return value
 
 
 def append(w: WriteTxn, obj: dict[str, Any]) -> int:
@@ -89,10 +41,8 @@ def starts_a_call(obj: dict[str, Any]) -> bool:
     return obj.get("event") == "PreToolUse"
 
 
-def append_line(store: Store, line: bytes) -> None:
-    obj = parse_line(line)
-    if obj is None:
-        return
+def append_line(store: Store, obj: dict[str, Any]) -> None:
+    """Store a line as agents.lines.parse_line made it of what was written to the sidecar."""
     store.write(lambda w: append(w, obj))
 
 

@@ -28,7 +28,8 @@ from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline, _differing
 from overlayckpt.errors import UserError
 from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn, forks_of, parent_of
+from overlayckpt.store.lmdbstore import Store, forks_of, parent_of
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import (
     BMAP,
     CKPTS,

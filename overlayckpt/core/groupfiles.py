@@ -30,7 +30,7 @@ from overlayckpt.records import (
     u64,
     unpack_obj,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
 GONE = "gone"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from overlayckpt.records import pack_obj, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import GROUP_KEY, META
 
 

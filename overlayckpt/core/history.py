@@ -44,7 +44,7 @@ from overlayckpt.records import (
     from_u64,
     u64,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CHANGED, CKPTS, HISTORY_BORN, HISTORY_KEY, JOURNAL, META, VERSIONS
 
 Key = tuple[int, bytes]  # (table code, key)

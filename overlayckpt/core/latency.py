@@ -1,6 +1,6 @@
 """Latency histograms for `overlayckpt stats`: log buckets in a fixed array of counters.
 
-The layout is the C library's (fuse/csrc/kcache.h, struct hist), so that histograms
+The layout is the C library's (fuse/csrc/fastpath.h, struct hist), so that histograms
 recorded in C (writes and reads, stats.c) and here (captures, checkpoints, restores)
 are read, merged and printed alike. A value of v ns goes to bucket v below 16, else,
 with s = v.bit_length() - 4, to bucket s * 8 + (v >> s): 8 buckets per power of two,
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypedDict
 
-SUB_BITS = 3  # kcache.h HIST_SUB_BITS: 2^SUB_BITS buckets per power of two
-BUCKETS = 280  # kcache.h HIST_BUCKETS: up to 2^37 ns
+SUB_BITS = 3  # fastpath.h HIST_SUB_BITS: 2^SUB_BITS buckets per power of two
+BUCKETS = 280  # fastpath.h HIST_BUCKETS: up to 2^37 ns
 _SMALL = 2 << SUB_BITS  # values below this have a bucket each
 _TOP = BUCKETS - 1
 
@@ -135,6 +136,16 @@ class Histogram:
                 raise ValueError(f"not a histogram bucket: {i!r}")
             counts[i] += c
         return cls(counts, sum_ns, max_ns, errors)
+
+
+class RequestLatency(TypedDict):
+    """The reply latency of the requests the fast path library times (fuse/fastpath.py
+    request_latency), by kind, and how many it could not time."""
+    write: Histogram  # stored before their reply
+    write_early: Histogram  # acknowledged before they were stored (write-behind)
+    read: Histogram
+    fsync: Histogram
+    untimed: int
 
 
 @dataclass(frozen=True, slots=True)

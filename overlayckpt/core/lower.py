@@ -142,7 +142,7 @@ class Lower:
         self._huge: set[bytes] = set()  # directories too big to keep listed
         self._once: set[bytes] = set()  # directories one name was looked up in, not listed
         # called with the repo's fd before each read of it until it answers True, once it
-        # ran (the daemon reads the repo's metadata ahead from there: kcache.warm_tree,
+        # ran (the daemon reads the repo's metadata ahead from there: fastpath.warm_tree,
         # which runs only once the mount is served by the C library)
         self.warm = warm
 

@@ -34,16 +34,8 @@ from overlayckpt.records import (
     u64,
     unpack_obj,
 )
-from overlayckpt.store.lmdbstore import (
-    MAX_FORK_DEPTH,
-    ReadTxn,
-    Store,
-    WriteTxn,
-    forks_of,
-    parent_block,
-    parent_of,
-    store_at,
-)
+from overlayckpt.store.lmdbstore import MAX_FORK_DEPTH, Store, forks_of, parent_block, parent_of, store_at
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import (
     BLOCK_BYTES_KEY,
     BLOCKS,

@@ -20,9 +20,9 @@ from typing import TypeVar
 import trio
 
 from overlayckpt.core import groupfiles, history
+from overlayckpt.core.baseline import seen_key, seen_record, seen_value
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
-from overlayckpt.core.seen import seen_key, seen_record, seen_value
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import (
@@ -46,7 +46,8 @@ from overlayckpt.records import (
     u64,
     xattr_key,
 )
-from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import ReaderStore, Store
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")
@@ -471,7 +472,7 @@ class Overlay(Tree):
 
     def write(self, caller: Caller, ino: int, off: int, data: bytes, *,
               logged: bytes | None = None) -> int:
-        """logged: the write-behind log's position after this write (behind.py)."""
+        """logged: the write-behind log's position after this write (writebehind.py)."""
         return self._mutate(caller, "write", self._write(ino, off, data, logged))
 
     def write_later(self, caller: Caller, ino: int, off: int, data: bytes, logged: bytes,

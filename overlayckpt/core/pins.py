@@ -16,7 +16,8 @@ from typing import Any
 from overlayckpt.core.lower import Lower, Pin, PinLookup, PinStat, join
 from overlayckpt.errors import FsError
 from overlayckpt.records import lower_ino, pack_obj, path_cut, path_key, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import PINNED
 
 

@@ -20,7 +20,7 @@ from overlayckpt.core.timeline import FileChange
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, u64
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import CKPTS
 
 # A group of more paths than this is taken to have changed something (a build, an

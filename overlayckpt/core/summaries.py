@@ -12,7 +12,7 @@ from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
 from overlayckpt.records import Checkpoint, iso_time, u64
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import META, RESTORE_FILES_KEY
 
 NO_CHANGES = "no net changes"

@@ -30,7 +30,8 @@ from overlayckpt.records import (
     WHITEOUT,
     Node,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import DIRENTS, NODES
 
 SLICE_INODES = 500

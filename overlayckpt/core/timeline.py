@@ -51,7 +51,7 @@ from overlayckpt.records import (
     from_u64,
     u64,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, WriteTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import (
     CKPTS,
     CONV_HEAD_KEY,

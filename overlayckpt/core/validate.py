@@ -28,7 +28,6 @@ from overlayckpt.names import is_file_name, quote_path
 from overlayckpt.records import (
     CONTROL_INO_BASE,
     FIRST_UPPER_INO,
-    FORMAT_VERSION,
     KEY_MAX,
     MAX_FILE_SIZE,
     NAME_MAX,
@@ -40,6 +39,7 @@ from overlayckpt.records import (
     block_size_problem,
     from_u64,
 )
+from overlayckpt.store.format import FORMAT_VERSION
 from overlayckpt.tables import (
     APPLIED_KEY,
     BLOCK_BYTES_KEY,

@@ -19,7 +19,8 @@ from typing import Any, TypeVar, cast
 import trio
 
 from overlayckpt.errors import Stopped
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 
 T = TypeVar("T")
 

@@ -48,7 +48,6 @@ from overlayckpt.export.identity import (
 from overlayckpt.records import (
     CONTROL_INO_BASE,
     FIRST_UPPER_INO,
-    FORMAT_VERSION,
     KEY_MAX,
     MAX_FILE_SIZE,
     PATH_MAX,
@@ -56,7 +55,9 @@ from overlayckpt.records import (
     block_size_problem,
     iso_time,
 )
-from overlayckpt.store.lmdbstore import ReadTxn, Store, parent_block, parent_of
+from overlayckpt.store.format import FORMAT_VERSION
+from overlayckpt.store.lmdbstore import Store, parent_block, parent_of
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import (
     BLOCKS,
     DERIVED_KEYS,

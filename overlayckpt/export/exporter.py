@@ -67,7 +67,7 @@ from overlayckpt.export.gitnames import (
     session_name,
 )
 from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import CONV
 
 log = logging.getLogger(__name__)

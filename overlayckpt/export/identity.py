@@ -11,9 +11,9 @@ from typing import Any
 
 import blake3
 
+from overlayckpt.core.baseline import seen_path
 from overlayckpt.core.lower import lstat_beneath, openat2_beneath
 from overlayckpt.core.pins import pinned_path, seen_fingerprint
-from overlayckpt.core.seen import seen_path
 from overlayckpt.errors import FsError
 from overlayckpt.records import (
     FIRST_UPPER_INO,
@@ -25,7 +25,7 @@ from overlayckpt.records import (
     lower_ino,
     unpack_obj,
 )
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import JOURNAL, NODES, PINNED, SEEN
 
 

@@ -15,7 +15,8 @@ from overlayckpt.errors import UserError
 from overlayckpt.export.bundle import BundleReader, unlink_quietly
 from overlayckpt.export.remap import Remap, repo_remap
 from overlayckpt.store.info import default_store_dir, read_info, write_info
-from overlayckpt.store.lmdbstore import ReadTxn, Store, WriteTxn
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import BLOCK_SIZE_KEY, BLOCKS, DERIVED_KEYS, FORMAT_KEY, META, TABLES
 
 _KEEP = (FORMAT_KEY, BLOCK_SIZE_KEY, *DERIVED_KEYS)  # what a new, empty store holds in META
@@ -78,8 +79,8 @@ def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[st
     finally:
         bundle.close()
     info = read_info(store_dir)
-    info.update(repo=repo, window=header.get("window", 1.0), block_size=bundle.block_size,
-                imported_from=os.path.abspath(path))
+    info.update({"repo": repo, "window": header.get("window", 1.0), "block_size": bundle.block_size,
+                 "imported_from": os.path.abspath(path)})
     write_info(store_dir, info)
     return {"store": store_dir, "repo": repo, "checkpoints": counts.get("ckpts", 0),
             "blocks": counts.get("blocks", 0), "records": counts}

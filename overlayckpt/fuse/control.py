@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import pyfuse3
 import trio
 
-from overlayckpt.core.agents import MAX_HOOK_LINE
+from overlayckpt.agents.hooks import MAX_HOOK_LINE
 from overlayckpt.errors import FsError, Stopped, UserError
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
 from overlayckpt.names import shown
@@ -55,7 +55,7 @@ CKPTS_INO = CONTROL_INO_BASE + 5
 VIEW_INO_BASE = CONTROL_INO_BASE + (1 << 32)
 
 MAX_LINE = 1 << 20  # one command or conversation line; longer is EINVAL
-# an agent's hook event, written whole (core/conversation.parse_line takes it apart)
+# an agent's hook event, written whole (agents/lines.parse_line takes it apart)
 CONV_MAX_LINE = MAX_HOOK_LINE
 # ctl's size as the kernel sees it: the kernel runs writes that end below it in parallel
 # (see interpose.c, fuse_reply_open), so no client's command waits for another's to
@@ -140,7 +140,7 @@ class ControlFs:
         if ino == DIR_INO:
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, entry_timeout=KEPT, attr_timeout=KEPT)
         if ino == CKPTS_INO:
-            # the kernel keeps this listing (see _kcache.c) until the mtime changes
+            # the kernel keeps this listing (see fuse/csrc/fastpath.c) until the mtime changes
             mtime_ns = self.views.listing_mtime_ns() if self.views is not None else 0
             return VirtualAttr(ino, stat.S_IFDIR | 0o755, mtime_ns=mtime_ns, entry_timeout=KEPT)
         if ino == CTL_INO:

@@ -21,14 +21,15 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from overlayckpt.core import behind
+from overlayckpt.core import writebehind
 from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.errors import FsError
-from overlayckpt.fuse import kcache
+from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs
+from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
@@ -36,16 +37,13 @@ log = logging.getLogger(__name__)
 
 CAPABILITY_XATTR = b"security.capability"
 # Handles of directories, and of files that need no state (all but control files) when
-# _kcache.c is active: the inode number with this bit set. C hands them out for most
+# the fast path library is active: the inode number with this bit set. C hands them out for most
 # opens, Python for create and truncating opens; their release never reaches Python.
 KERNEL_HANDLE = 1 << 63
 # Directory listings are snapshots found by offset, not by handle: an offset carries
 # its snapshot's number (high 31 bits) and the index (low 32 bits), so a listing read
 # in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
-# Page writeback (mmap) carries no process: its writes are journalled under the file's
-# last writer (Writers), or as this one when it has none.
-WRITEBACK = Caller(0, "writeback")
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -82,176 +80,6 @@ class Handle:
     control: Any = None  # a control-file handle for control inodes
 
 
-class Writers:
-    """Inode -> the caller that last created, truncated or wrote it (the newest `size`).
-
-    Page writeback of a shared mmap (SQLite's -shm in WAL mode) reaches us with no
-    process; journalled as a writer of its own, it split its writer's group in three
-    (issue 34). The process that dirtied the pages is the one that opened, sized or
-    wrote the file: SQLite sizes its -shm with ftruncate and write before mapping it.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._last: OrderedDict[int, Caller] = OrderedDict()
-
-    def wrote(self, ino: int, caller: Caller) -> None:
-        if self._last.get(ino) is not caller:
-            self._last[ino] = caller
-            self._last.move_to_end(ino)
-            if len(self._last) > self._size:
-                self._last.popitem(last=False)
-
-    def of(self, ino: int) -> Caller:
-        return self._last.get(ino, WRITEBACK)
-
-
-class Comms:
-    """Thread id -> Caller, for the journal (a write request carries no pid).
-
-    FUSE names the calling *thread*; a Caller is the command it belongs to (see
-    _command_of), named by the command's process, so that one tool call written from a
-    thread pool, or by a `make -j2` and its compilers, is one group. A thread gone by
-    the time we look keeps its own id, named "?". (Writes that C acknowledged reach
-    Python after their writer may have exited: those of a short-lived writer whose
-    open C served are named "?".)
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._cache: OrderedDict[int, Caller] = OrderedDict()
-        me = _stat(os.getpid())
-        self._mounted = me.started if me else 0
-        self._runs: dict[int, tuple[bool, float]] = {}  # pid -> (it runs, when asked)
-
-    def caller(self, tid: int) -> Caller:
-        found = self._cache.get(tid)
-        if found is not None:
-            self._cache.move_to_end(tid)
-            return found
-        found = _process_of(tid)
-        if found.comm != "?":  # a failed look is not kept: the number may come back alive
-            found = _command_of(found, self._mounted)
-            found.above, found.running = _above(found.pid), self.runs
-            self._cache[tid] = found
-            if len(self._cache) > self._size:
-                self._cache.popitem(last=False)
-        return found
-
-
-    def runs(self, pid: int) -> bool:
-        """Whether process pid still runs (not exited, not a zombie), asked of /proc at
-        most once per RUNS_FOR seconds: with commands writing at once, every write asks
-        it of each other command's open group."""
-        now = time.monotonic()
-        known = self._runs.get(pid)
-        if known is not None and now - known[1] < RUNS_FOR:
-            return known[0]
-        try:
-            me = _stat(pid)
-        except ValueError:
-            me = None
-        alive = me is not None and me.state not in ("Z", "X")
-        if len(self._runs) > self._size:
-            self._runs.clear()
-        self._runs[pid] = alive, now
-        return alive
-
-
-# how long Comms.runs trusts what /proc said
-RUNS_FOR = 0.05
-
-
-def _above(pid: int) -> tuple[int, ...]:
-    """The processes pid runs under, its parent first (up to init, at most 64)."""
-    out: list[int] = []
-    me = _stat(pid)
-    while me is not None and me.parent > 1 and len(out) < 64:
-        out.append(me.parent)
-        me = _stat(me.parent)
-    return tuple(out)
-
-
-def _process_of(tid: int) -> Caller:
-    """The thread's process: its thread group id, named by the group's leader."""
-    try:
-        with open(f"/proc/{tid}/status", "rb") as f:
-            status = f.read(4096)
-    except OSError:
-        return Caller(tid, "?")
-    tgid, name = tid, b"?"
-    for line in status.splitlines():
-        if line.startswith(b"Name:"):
-            name = line[5:].strip()
-        elif line.startswith(b"Tgid:"):
-            tgid = int(line[5:])
-            break
-    if tgid != tid:  # the thread's own name is not the process's
-        try:
-            with open(f"/proc/{tgid}/comm", "rb") as f:
-                name = f.read().strip()
-        except OSError:
-            pass  # the leader exited before its thread: keep the thread's name
-    return Caller(tgid, name.decode(errors="replace"))
-
-
-@dataclass(slots=True)
-class _Proc:
-    parent: int
-    group: int
-    session: int
-    started: int  # clock ticks after boot
-    name: str
-    state: str  # R, S, D...; Z: a zombie, X: dead
-
-
-def _stat(pid: int) -> _Proc | None:
-    """A process's parent, process group, session, start, name and state
-    (/proc/<pid>/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read(1024)
-    except OSError:
-        return None
-    close = raw.rindex(b")")  # the name may hold spaces and parentheses
-    fields = raw[close + 2:].split()  # from field 3 (state) on
-    return _Proc(int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]),
-                 raw[raw.index(b"(") + 1:close].decode(errors="replace"), fields[0].decode())
-
-
-def _command_of(process: Caller, mounted: int) -> Caller:
-    """The command a process is part of, without hooks (mounted: when the daemon started).
-
-    A command is a process tree started after the mount, within one process group
-    (a shell's job). Its root is found walking up from the writer, within its group,
-    stopping before the group's leader and before any process older than the mount:
-    a leader that a shell started (an agent run at a prompt: its parent leads the
-    session) runs its commands as children, so each child is a command of its own
-    and the leader's own writes are its own; a harness older than the mount (a test
-    runner) is no command either. A group that a program started for a command
-    (setsid, as Node's `detached` does, or setpgid) is one command, leader and all.
-    Not told apart: an agent that leads its own session (run directly by tmux, say)
-    is taken for a command, and one behind a wrapper that forks (npx, `overlayckpt
-    run`) for its commands' root: its writes and its commands' then share a key, and
-    their groups end only at the window (hooks mark the steps exactly).
-    """
-    me = _stat(process.pid)
-    if me is None or me.started < mounted:
-        return process
-    if process.pid == me.group:
-        return process
-    leader = _stat(me.group)
-    if leader is not None and leader.started >= mounted and leader.parent != leader.session:
-        return Caller(me.group, leader.name)  # not a shell's job: a command's group
-    key, parent = process, me.parent
-    for _ in range(64):  # (a chain this deep is not a shell's; stop somewhere)
-        above = _stat(parent)
-        if parent == me.group or above is None or above.group != me.group or above.started < mounted:
-            return key
-        key, parent = Caller(parent, above.name), above.parent
-    return key
-
-
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     # No writeback cache: with it the kernel trusts its own i_size and would keep a
@@ -263,14 +91,14 @@ class Operations(pyfuse3.Operations):
                  kernel_handles: Callable[[], bool] = lambda: False,
                  capture: Captures | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
-        _kcache.c serves the session, asked once, at the first open (after the mount);
+        the fast path library serves the session, asked once, at the first open (after the mount);
         capture: where the capture latency of writes is recorded (overlayckpt stats)."""
         super().__init__()
         self.capture = capture if capture is not None else Captures()
         overlay.store.on_deferred_stored = self._captured_later
         self.ov = overlay
         self.ctl = control
-        self.comms = Comms()
+        self.callers = CallerCache()
         self.writers = Writers()
         self.handles: dict[int, Handle] = {}
         self.snapshots: OrderedDict[int, Listing] = OrderedDict()  # number -> listing
@@ -319,7 +147,7 @@ class Operations(pyfuse3.Operations):
         return fh
 
     def _caller(self, ctx: pyfuse3.RequestContext) -> Caller:
-        return self.comms.caller(ctx.pid)
+        return self.callers.caller(ctx.pid)
 
     @staticmethod
     def _no_control(ino: int) -> None:
@@ -407,9 +235,9 @@ class Operations(pyfuse3.Operations):
     def _changed_dirs(self, *inos: int) -> None:
         """Have C answer the GETATTRs of these directories, which this request changed:
         the kernel drops what it has of them and asks next (default_permissions)."""
-        if kcache.loaded():
+        if fastpath.loaded():
             for ino in inos:
-                kcache.publish_dir_attrs(self._attrs(ino, self.ov.written(ino)))
+                fastpath.publish_dir_attrs(self._attrs(ino, self.ov.written(ino)))
 
     @translate_errors
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
@@ -493,10 +321,10 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         if fh & KERNEL_HANDLE:
             # first thing: the pid is the C library's, set for this request only
-            pid, logged, arrival = kcache.request_pid(), kcache.request_logged(), kcache.request_arrival()
+            pid, logged, arrival = fastpath.request_pid(), fastpath.request_logged(), fastpath.request_arrival()
             ino = fh ^ KERNEL_HANDLE
             if pid:
-                caller = self.comms.caller(pid)
+                caller = self.callers.caller(pid)
                 self.writers.wrote(ino, caller)
             else:  # page writeback: the file's last writer dirtied those pages
                 caller = self.writers.of(ino)
@@ -519,8 +347,8 @@ class Operations(pyfuse3.Operations):
         await keep_up(self.ov.store, self._disk_gate)
         if self._behind_held and not self._behind_failed:
             if self._behind_fd is None:
-                self._behind_fd = behind.open_log(self.ov.store.path)
-            kcache.write_behind(self._behind_fd, behind.LOG_SIZE, *behind.position(self.ov.store))
+                self._behind_fd = writebehind.open_log(self.ov.store.path)
+            fastpath.write_behind(self._behind_fd, writebehind.LOG_SIZE, *writebehind.position(self.ov.store))
         self._behind_held = False
 
     def _hold_write_behind(self) -> None:
@@ -528,7 +356,7 @@ class Operations(pyfuse3.Operations):
         store is too far ahead of the disk, acknowledge no more, and the writes that come
         instead wait in _keep_up."""
         if not self._behind_held and self.ov.store.too_far_ahead():
-            kcache.stop_write_behind()
+            fastpath.stop_write_behind()
             self._behind_held = True
 
     def _captured_later(self, arrivals: list[int]) -> None:
@@ -537,10 +365,10 @@ class Operations(pyfuse3.Operations):
 
     async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
                             logged: tuple[int, int], arrival: int) -> int:
-        """Store a write whose writer was told it is done (see _kcache.c), with the next
+        """Store a write whose writer was told it is done (see fuse/csrc/behind.c), with the next
         write transaction or soon after (Overlay.write_later): a failure can only be kept
         for the file's next fsync, as a native file system does."""
-        done = behind.pack_position(*logged)
+        done = writebehind.pack_position(*logged)
         self._hold_write_behind()
 
         def failed(e: Exception) -> None:
@@ -550,13 +378,13 @@ class Operations(pyfuse3.Operations):
                       os.strerror(err), exc_info=not isinstance(e, FsError))
             self.failed_writes.setdefault(ino, err)
             try:
-                behind.skip(self.ov.store, done)
+                writebehind.skip(self.ov.store, done)
             except FsError:
                 pass  # then a replay fails the same way
             if err not in (errno.ESTALE, errno.ENOENT):
                 # the store itself failed (full, broken): from now on each write waits
                 # for its own answer; a file a restore removed concerns that file only
-                kcache.stop_write_behind()
+                fastpath.stop_write_behind()
                 self._behind_failed = True
             try:  # the kernel's pages hold what was not stored
                 trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
@@ -580,7 +408,7 @@ class Operations(pyfuse3.Operations):
             if self.ov.store.deferred_bytes() <= FOLD_BYTES:
                 await trio.sleep(FOLD_WAIT)
             for _ in range(STORE_DEFERRED_TURNS):
-                if not (kcache.requests_waiting() and self.ov.store.deferred()):
+                if not (fastpath.requests_waiting() and self.ov.store.deferred()):
                     break
                 await trio.sleep(0)
         finally:
@@ -615,7 +443,7 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         # a listing is found by its offset (readdir), so a directory handle needs no
-        # state: the inode, marked. (With _kcache.c no opendir comes here at all, and
+        # state: the inode, marked. (With the fast path library no opendir comes here at all, and
         # its readdirplus wrapper passes the same marked inode.)
         return KERNEL_HANDLE | inode
 
@@ -688,7 +516,7 @@ class Operations(pyfuse3.Operations):
         if inode >= CONTROL_INO_BASE:
             return []
         names = self._live_of(inode, lambda r: self.ov.xattrs(r, inode, self.ov.node(r, inode)))
-        return [n for n in names if n != CAPABILITY_XATTR]  # never served (see _kcache.c)
+        return [n for n in names if n != CAPABILITY_XATTR]  # never served (see fuse/csrc/fastpath.c)
 
     @translate_errors
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -699,7 +527,7 @@ class Operations(pyfuse3.Operations):
             raise FsError(errno.EOPNOTSUPP)
         if name == CAPABILITY_XATTR:
             # no effect on a nosuid mount, and the kernel's lookup before every write is
-            # answered "none" in C (_kcache.c); cp -a and tar treat this as "not supported"
+            # answered "none" in C (fuse/csrc/fastpath.c); cp -a and tar treat this as "not supported"
             raise FsError(errno.EOPNOTSUPP)
         self.ov.setxattr(self._caller(ctx), inode, name, value)
 

@@ -21,7 +21,7 @@ from overlayckpt.fuse.attrs import VirtualAttr, entry_attrs, virtual_attrs
 from overlayckpt.fuse.control import CKPTS_INO, VIEW_INO_BASE
 from overlayckpt.names import parse_id
 from overlayckpt.records import ROOT_INO, Checkpoint, from_u64
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import CKPTS, NAMES
 
 _NAME_LINK = -1  # pseudo inode of a name symlink

@@ -23,7 +23,8 @@ from overlayckpt.errors import FsError, UserError
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command, reading
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 
 
 def _caller() -> Caller:
@@ -184,8 +185,8 @@ async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
+    from overlayckpt.agents.transcripts import resume_command
     from overlayckpt.core.conversation import live_lines
-    from overlayckpt.core.transcripts import resume_command
     tl = Timeline(s.ctx)
     lines = s.store.read(lambda r: live_lines(r, tl.get(r, cid).conv_head))
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from overlayckpt.core.context import Context, FlushKernel, Invalidate, no_flush, no_invalidate
-from overlayckpt.core.latency import Captures, Histogram
+from overlayckpt.core.latency import Captures, Histogram, RequestLatency
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
@@ -28,12 +28,13 @@ from overlayckpt.names import shown
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.service.registry import COMMANDS, DURABLE, REACHES_OUT, READINGS, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
-from overlayckpt.store.lmdbstore import ReaderStore, ReadTxn, Store
+from overlayckpt.store.lmdbstore import ReaderStore, Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
 log = logging.getLogger(__name__)
 
-# What the status command adds of the mount's kernel side (fuse/kcache.py), given by
+# What the status command adds of the mount's kernel side (fuse/fastpath.py), given by
 # the mount at construction; a session opened without a mount has none of it.
 StatusExtra = Callable[[], dict[str, Any]]
 
@@ -44,12 +45,12 @@ def no_kernel_status() -> dict[str, Any]:
 
 # What the stats command reads of the mount's request path, given by the mount at
 # construction: the reply latency of reads and writes that the C library times
-# (fuse/kcache.py request_latency: "write", "write_early", "read", "fsync", "untimed"), None
-# without it; a session opened without a mount has none.
-RequestStats = Callable[[], dict[str, Any] | None]
+# (fuse/fastpath.py request_latency), None without it; a session opened without a mount
+# has none.
+RequestStats = Callable[[], RequestLatency | None]
 
 
-def no_request_stats() -> dict[str, Any] | None:
+def no_request_stats() -> RequestLatency | None:
     return None
 
 
@@ -130,7 +131,7 @@ class Session:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
         try:
-            from overlayckpt.core.behind import discard, recover
+            from overlayckpt.core.writebehind import discard, recover
             if store.cache_lost:
                 discard(store_dir)  # its pages may be a mix of old and new: never replayed
             else:
@@ -143,7 +144,7 @@ class Session:
             store.close()
             lower.close()
             raise
-        info.update(repo=os.path.realpath(repo), window=window, block_size=store.block_size)
+        info.update({"repo": os.path.realpath(repo), "window": window, "block_size": store.block_size})
         if "created" not in info:  # (a store made before sessions were listed: its start)
             origin = store.read(lambda r: r.get(CKPTS, u64(0)))
             info["created"] = iso_time(Checkpoint.unpack(0, origin).time_ns if origin else time.time_ns())
@@ -243,8 +244,11 @@ class Session:
         return self._conversation[1]
 
     def conversation_append(self, line: bytes) -> None:
+        from overlayckpt.agents.lines import parse_line
         from overlayckpt.core.conversation import append_line
-        append_line(self.store, line)
+        obj = parse_line(line)
+        if obj is not None:
+            append_line(self.store, obj)
 
 
 @command("status")

@@ -1,1 +1,3 @@
-"""The store: the LMDB environment (the only lmdb importer), the synced-snapshot record, session.json."""
+"""The store, the only layer that imports lmdb: the environment and its transactions, the
+store format and its upgrade, the synced-snapshot record and what to trust after a crash,
+salvage, session.json."""

@@ -8,12 +8,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 from overlayckpt.store.places import open_private
 from overlayckpt.store.synced import fsync_dir
 
 INFO_FILE = "session.json"  # repo path and current daemon, for the CLI
+
+
+class SessionInfo(TypedDict, total=False):
+    """What session.json holds (read_info: each field present only with its type)."""
+    repo: str  # the repo's absolute path
+    window: float  # seconds of quiet that end an automatic group
+    block_size: int
+    created: str  # ISO time of checkpoint 0
+    pid: int  # the daemon serving it, while mounted
+    mountpoint: str  # its mountpoint, while mounted
+    last_unmount: dict[str, object]  # what the last unmount did (applied, refused, error)
+    parent: str  # a fork's: the parent's store path
+    parent_checkpoint: int  # a fork's: the checkpoint it forked from
+    imported_from: str  # an import's: the bundle's path
+
+
+# the JSON types each field must have to be read (bool is an int to Python: refused)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "repo": (str,), "window": (int, float), "block_size": (int,), "created": (str,),
+    "pid": (int,), "mountpoint": (str,), "last_unmount": (dict,), "parent": (str,),
+    "parent_checkpoint": (int,), "imported_from": (str,)}
 
 
 def default_store_dir(repo: str) -> str:
@@ -24,15 +46,26 @@ def default_store_dir(repo: str) -> str:
     return os.path.join(base, "overlayckpt", f"{slug}-{digest}")
 
 
-def read_info(store_dir: str) -> dict[str, Any]:
+def read_info(store_dir: str) -> SessionInfo:
+    """session.json of the store at store_dir: a field of another type than SessionInfo
+    says is left out (as is everything when the file is missing or not a JSON object);
+    fields it does not name are kept, so that write_info writes them back."""
     try:
         with open(os.path.join(store_dir, INFO_FILE)) as f:
-            return json.load(f)
+            found: object = json.load(f)
     except (OSError, ValueError):
         return {}
+    if not isinstance(found, dict):
+        return {}
+    info: SessionInfo = {}
+    for key, value in found.items():
+        kinds = _FIELDS.get(key)
+        if kinds is None or isinstance(value, kinds) and not isinstance(value, bool):
+            info[key] = value  # type: ignore[literal-required]  # checked against _FIELDS
+    return info
 
 
-def write_info(store_dir: str, info: dict[str, Any]) -> None:
+def write_info(store_dir: str, info: Mapping[str, object]) -> None:
     """Durably: after a power cut every --store command still finds the session (and
     the repo path is kept in the store too, see Session.open)."""
     tmp = os.path.join(store_dir, INFO_FILE + ".tmp")

@@ -1,4 +1,5 @@
-"""The LMDB environment of one session: the only module that imports lmdb.
+"""The LMDB environment of one session: open, commits, deferred writes, map growth, sync
+points, block compression, and the stores a fork reads its parent's blocks from.
 
 Concurrency rules: one writer. A write transaction belongs to the thread that
 opened it and is opened and committed inside one synchronous call
@@ -13,8 +14,9 @@ in write itself, or, in the daemon (writes_wait off), in the request that writes
 off the request loop (overlay.keep_up).
 
 Opening a store that was not closed cleanly first decides which snapshot to
-trust (synced.py), then verifies it with lmdb's offline verifier; a damaged
-store is refused (StoreDamaged), never served.
+trust and verifies it (trust.py); a damaged store is refused (StoreDamaged), never
+served. An older store is upgraded as it opens (format.py). Transactions and how
+blocks are held: txn.py; a damaged store's salvage: salvage.py.
 """
 from __future__ import annotations
 
@@ -23,13 +25,12 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar, overload
 
-import blake3
 import lmdb
 import lmdb.verify
 import zstandard
@@ -37,30 +38,19 @@ import zstandard
 from overlayckpt.errors import FsError, StoreDamaged, StoreLocked, UserError
 from overlayckpt.records import (
     DEFAULT_BLOCK_SIZE,
-    FIRST_UPPER_INO,
-    FORMAT_VERSION,
-    ZERO_BLOCK,
-    Checkpoint,
     block_size_problem,
     from_u64,
-    u64,
     unpack_obj,
 )
 from overlayckpt.store import places, synced
+from overlayckpt.store.format import open_tables, settle_format
+from overlayckpt.store.trust import trust_snapshot
+from overlayckpt.store.txn import RAW, ZSTD, ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    BLOCK_BYTES_KEY,
     BLOCK_SIZE_KEY,
     BLOCKS,
-    CKPTS,
-    DERIVED_KEYS,
-    DERIVED_TABLES,
     FORK_KEY,
-    FORMAT_KEY,
-    GROUPFILES_KEY,
-    HISTORY_BORN,
-    HISTORY_KEY,
     META,
-    NEXT_INO_KEY,
     PARENT_KEY,
     TABLES,
 )
@@ -69,19 +59,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # a deferred write (Store.defer): fn, failed, tag, since
-Deferred = tuple[Callable[["WriteTxn"], object], Callable[[Exception], None], int, int]
+Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int, int]
 
 
-# Block values start with one byte saying how the rest is encoded.
-_RAW, _ZSTD, _SPLIT = b"\0", b"\1", b"\2"
-# A value over half a page goes to a run of overflow pages, which holds n * psize - 16
-# bytes: a raw 4 KiB block (4097 bytes) would take two pages. So a raw block's last
-# bytes ride in its key instead (digest + tail -> _SPLIT + the rest, format 3): the
-# value fills its pages exactly. ReadTxn and WriteTxn take and give the digest and
-# _RAW + the whole block, so no caller and no decode_block ever sees a split one.
-_PAGE_HEADER = 16
-_DIGEST = 32
-_INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
+INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
 # A pin keeps LMDB from reusing any page freed after it, so a burst of commits (a package
 # install) would write every commit to fresh pages until the next sync point: one starts,
 # off the writer's thread, after this many commits since the last.
@@ -96,7 +77,7 @@ AUTO_POINT_PAGES = 512
 AHEAD_PAGES = 4 * AUTO_POINT_PAGES
 MAX_DEFERRED = 64  # deferred writes committed together at most (see Store.defer)
 # and their bytes: the write-behind log holds them until they are stored, beside the
-# writes C has acknowledged and Python not yet taken (behind.py's LOG_SIZE)
+# writes C has acknowledged and Python not yet taken (writebehind.py's LOG_SIZE)
 MAX_DEFERRED_BYTES = 4 << 20
 
 
@@ -104,216 +85,6 @@ MAX_DEFERRED_BYTES = 4 << 20
 class SyncPoint:
     txnid: int
     meta: bytes  # the meta page of txnid, as LMDB wrote it
-
-
-class ReadTxn:
-    """A read view of every table, consistent for its lifetime."""
-
-    def __init__(self, store: Store, txn: lmdb.Transaction[bytes]) -> None:
-        self.store = store
-        self.txn = txn
-        self._cursors: dict[bytes, lmdb.Cursor[bytes]] = {}  # seek's and seek_before's, one per table
-
-    def get(self, table: bytes, key: bytes) -> bytes | None:
-        if table == BLOCKS:
-            found = self._block_entry(key)
-            return None if found is None else _whole(*found)[1]
-        return self.txn.get(key, db=self.store.dbs[table])
-
-    def _block_entry(self, digest: bytes) -> tuple[bytes, bytes] | None:
-        """The BLOCKS entry of digest as stored (its key may carry a split block's tail)."""
-        cur = self._cursor(BLOCKS)
-        if cur.set_range(digest) and cur.key()[:_DIGEST] == digest:
-            return cur.item()
-        return None
-
-    def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        cur = self.txn.cursor(db=self.store.dbs[table])
-        if not cur.set_range(prefix):
-            return
-        for k, v in _wholes(table, cur):
-            if not k.startswith(prefix):
-                return
-            yield k, v
-
-    def range_from(self, table: bytes, start: bytes = b"", reverse: bool = False
-                   ) -> Iterator[tuple[bytes, bytes]]:
-        """Entries with key >= start ascending, or key <= start descending."""
-        cur = self.txn.cursor(db=self.store.dbs[table])
-        if reverse:
-            if start:
-                if cur.set_range(start):
-                    if cur.key() != start and not cur.prev():
-                        return
-                elif not cur.last():
-                    return
-            elif not cur.last():
-                return
-            yield from _wholes(table, cur.iterprev())
-        else:
-            if start:
-                if not cur.set_range(start):
-                    return
-            elif not cur.first():
-                return
-            yield from _wholes(table, cur.iternext())
-
-    def keys_from(self, table: bytes, start: bytes) -> Iterator[bytes]:
-        """Keys >= start ascending, without their values (not of BLOCKS: split keys)."""
-        cur = self.txn.cursor(db=self.store.dbs[table])
-        return cur.iternext(values=False) if cur.set_range(start) else iter(())
-
-    def items_from(self, table: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Entries with keys >= start ascending, iterated in C (not of BLOCKS: split keys)."""
-        cur = self.txn.cursor(db=self.store.dbs[table])
-        return cur.iternext() if cur.set_range(start) else iter(())
-
-    def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
-        """The first entry with a key >= key, or None."""
-        cur = self._cursor(table)
-        return _whole_in(table, cur.item()) if cur.set_range(key) else None
-
-    def seek_before(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
-        """The last entry with a key < key, or None."""
-        cur = self._cursor(table)
-        found = cur.prev() if cur.set_range(key) else cur.last()
-        return _whole_in(table, cur.item()) if found else None
-
-    def _cursor(self, table: bytes) -> lmdb.Cursor[bytes]:
-        cur = self._cursors.get(table)
-        if cur is None:  # (each seek places it anew, whatever was written since)
-            cur = self._cursors[table] = self.txn.cursor(db=self.store.dbs[table])
-        return cur
-
-    def block(self, digest: bytes) -> bytes:
-        if digest == ZERO_BLOCK:
-            return bytes(self.store.block_size)
-        raw = self.get(BLOCKS, digest)
-        if raw is None:
-            raw = parent_block(self, digest)  # a fork's blocks stay in its parent's store
-        if raw is None:
-            raise FsError(errno.EIO, f"block {digest.hex()} missing from store")
-        return self.store.decode_block(raw)
-
-    def meta_int(self, name: bytes, default: int = 0) -> int:
-        raw = self.get(META, name)
-        return default if raw is None else from_u64(raw)
-
-    def count(self, table: bytes) -> int:
-        return self.txn.stat(self.store.dbs[table])["entries"]
-
-
-def _count_inodes(w: WriteTxn) -> None:
-    """Give every checkpoint of an older format the inode counter now: no inode numbered
-    from it on existed at any of them (numbers are never given twice), so a restore to one
-    skips by number those the session makes from now on."""
-    now = w.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO)
-    rows = [(k, Checkpoint.unpack(from_u64(k), v)) for k, v in w.range_from(CKPTS)]
-    w.put_many(CKPTS, [(k, replace(ck, next_ino=ck.next_ino or now).pack())
-                       for k, ck in rows])
-
-
-def _whole(key: bytes, value: bytes) -> tuple[bytes, bytes]:
-    """A BLOCKS entry as callers see it: a split block's tail back after its value."""
-    if value[:1] == _SPLIT:
-        return key[:_DIGEST], _RAW + value[1:] + key[_DIGEST:]
-    return key, value
-
-
-def _whole_in(table: bytes, item: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
-    return _whole(*item) if table == BLOCKS else item
-
-
-def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tuple[bytes, bytes]]:
-    return (_whole(k, v) for k, v in items) if table == BLOCKS else items
-
-
-class WriteTxn(ReadTxn):
-    # what this transaction captured and made, added to Store.tally once it commits
-    captured = 0  # bytes of the blocks put_block took, zeros and duplicates too
-    added = 0  # of those, the bytes of blocks new to the store
-    stored = 0  # what the new ones take in BLOCKS (compressed)
-    made: dict[str, int] | None = None  # checkpoints made, by kind
-
-    def made_checkpoint(self, kind: str) -> None:
-        if self.made is None:
-            self.made = {}
-        self.made[kind] = self.made.get(kind, 0) + 1
-
-    def put(self, table: bytes, key: bytes, value: bytes, append: bool = False) -> None:
-        if table == BLOCKS and len(key) == _DIGEST:  # (an import's, a salvage's)
-            self.delete(BLOCKS, key)  # one entry per digest, split or whole
-            self._put_block(key, value)
-            return
-        self.txn.put(key, value, db=self.store.dbs[table], append=append)
-
-    def _put_block(self, digest: bytes, value: bytes) -> None:
-        if value[:1] == _RAW:
-            digest, value = self._split(digest, value)
-        self.txn.put(digest, value, db=self.store.dbs[BLOCKS])
-
-    def _split(self, digest: bytes, value: bytes) -> tuple[bytes, bytes]:
-        """_RAW + a block as BLOCKS holds it: split when that saves a page."""
-        psize = self.store.psize
-        keep = (len(value) + _PAGE_HEADER) // psize * psize - _PAGE_HEADER - 1
-        tail = len(value) - 1 - keep
-        if len(value) <= psize // 2 or not 0 < tail <= 64:
-            return digest, value  # in a leaf page, fills its pages, or too long a tail
-        return digest + value[1 + keep:], _SPLIT + value[1:1 + keep]
-
-    def delete(self, table: bytes, key: bytes) -> None:
-        if table == BLOCKS:
-            found = self._block_entry(key)
-            key = key if found is None else found[0]
-        self.txn.delete(key, db=self.store.dbs[table])
-
-    def pop(self, table: bytes, key: bytes) -> bytes | None:
-        """Delete the entry and return its value (None: there was none); not of BLOCKS."""
-        return self.txn.pop(key, db=self.store.dbs[table])
-
-    def put_many(self, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False) -> None:
-        """Puts in one call: py-lmdb's putmulti loops in C (a put from Python costs 0.4 us,
-        one of putmulti's, in key order, 0.1)."""
-        if table == BLOCKS:  # (blocks may be split: one at a time)
-            for key, value in items:
-                self.put(table, key, value)
-            return
-        self.txn.cursor(db=self.store.dbs[table]).putmulti(items, append=append)
-
-    def delete_many(self, table: bytes, keys: list[bytes]) -> None:
-        if table == BLOCKS:
-            for key in keys:
-                self.delete(table, key)
-            return
-        delete, db = self.txn.delete, self.store.dbs[table]  # (no Python call per key of ours)
-        for key in keys:
-            delete(key, db=db)
-
-    def clear(self, table: bytes) -> None:
-        """Empty the table (it stays)."""
-        self.txn.drop(self.store.dbs[table], delete=False)
-
-    def put_block(self, data: bytes) -> bytes:
-        """Store one block once, keyed by its blake3 digest; zeros are not stored."""
-        self.captured += len(data)
-        if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
-            return ZERO_BLOCK
-        digest = blake3.blake3(data).digest()
-        if self._block_entry(digest) is None:
-            raw = self.store.encode_block(data)
-            self._put_block(digest, raw)
-            self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
-            self.added += len(data)
-            self.stored += len(raw)
-        return digest
-
-    def set_meta_int(self, name: bytes, value: int) -> None:
-        self.put(META, name, u64(value))
-
-    def next_counter(self, name: bytes, first: int) -> int:
-        value = self.meta_int(name, first)
-        self.set_meta_int(name, value + 1)
-        return value
 
 
 class Store:
@@ -334,48 +105,19 @@ class Store:
         self.env = env
         self.lock_fd = lock_fd
         # the page cache of the last daemon may be gone (power cut): what it kept only
-        # there, such as the write-behind log, cannot be trusted (behind.py)
+        # there, such as the write-behind log, cannot be trusted (writebehind.py)
         self.cache_lost = cache_lost
-        try:
-            # an existing store never gets a missing table made anew (empty): that is damage;
-            # only an older store gets the derived tables it never had (an upgrade)
-            self.dbs = {META: env.open_db(META, create=new)}
-            with env.begin() as txn:
-                version = from_u64(txn.get(FORMAT_KEY, db=self.dbs[META]) or u64(0))
-            for name in TABLES[1:]:
-                upgrade = 0 < version < FORMAT_VERSION and name in DERIVED_TABLES
-                self.dbs[name] = env.open_db(name, create=new or upgrade)
-        except lmdb.NotFoundError:
-            env.close()
-            raise StoreDamaged(f"store {path} is damaged (a table is missing): nothing was "
-                               f"served; {_WAY_OUT.format(path=path)}") from None
+        self.dbs = open_tables(env, path, new)
         self._zc = zstandard.ZstdCompressor(level=1)
         # a zstd context serves one thread at a time: reads also run in worker threads
         # (commands off the loop), so each thread decompresses with its own
         self._local = threading.local()
-        with env.begin(write=True) as txn:
-            w = WriteTxn(self, txn)
-            version = w.meta_int(FORMAT_KEY, 0)
-            if version == 0 and new:
-                w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
-                for key in DERIVED_KEYS:  # an empty journal: empty derived tables match it
-                    w.set_meta_int(key, HISTORY_BORN if key == HISTORY_KEY else 1)
-            elif 0 < version < FORMAT_VERSION:
-                # the new tables are there, empty: open fills them; from 2 only blocks
-                # stored from now on are split
-                w.set_meta_int(FORMAT_KEY, FORMAT_VERSION)
-                if version < 4:
-                    _count_inodes(w)
-                if version < 5:  # each group's counts row (groupfiles.py): rebuilt at open
-                    w.delete(META, GROUPFILES_KEY)
-            if version == 0 and not new or version > FORMAT_VERSION:
-                txn.abort()
-                env.close()
-                if version == 0:
-                    raise StoreDamaged(f"store {path} is damaged (no format record): nothing "
-                                       f"was served; {_WAY_OUT.format(path=path)}")
-                raise UserError(f"store {path} has format {version}, newer than this "
-                                f"overlayckpt understands ({FORMAT_VERSION}): upgrade overlayckpt")
+        try:
+            with env.begin(write=True) as txn:  # (aborted if it raises)
+                settle_format(WriteTxn(self, txn), new)
+        except UserError:  # a damaged or newer store: refused
+            env.close()
+            raise
         self.block_size = self.read(lambda r: r.meta_int(BLOCK_SIZE_KEY, DEFAULT_BLOCK_SIZE))
         self._psize = self.psize = env.stat()["psize"]
         self._data_fd = os.open(os.path.join(path, synced.DATA_NAME), os.O_RDONLY | os.O_CLOEXEC)
@@ -432,7 +174,7 @@ class Store:
             last = None if new else synced.load(path)
             cache_lost = False if new else trust_snapshot(path, last)
             try:
-                env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2,
+                env = lmdb.open(path, map_size=INITIAL_MAP, max_dbs=len(TABLES) + 2,
                                 sync=False, metasync=False, readahead=False, max_readers=256,
                                 readonly=False, mode=places.FILE_MODE)
             except lmdb.Error as e:
@@ -722,13 +464,13 @@ class Store:
     def encode_block(self, data: bytes) -> bytes:
         packed = self._zc.compress(data)
         if len(packed) < len(data) - len(data) // 8:
-            return _ZSTD + packed
-        return _RAW + data
+            return ZSTD + packed
+        return RAW + data
 
     def decode_block(self, raw: bytes) -> bytes:
         """A block's content, never more than block_size bytes: a frame claiming more (a
         crafted bundle's 1 KB frame that says 1 GiB) is damage, refused before inflating."""
-        if raw[:1] == _ZSTD:
+        if raw[:1] == ZSTD:
             zd = getattr(self._local, "zd", None)
             if zd is None:
                 zd = self._local.zd = zstandard.ZstdDecompressor()
@@ -740,6 +482,10 @@ class Store:
         if len(raw) > self.block_size + 1:
             raise FsError(errno.EIO, "a stored block is longer than the block size")
         return raw[1:]
+
+    def block_elsewhere(self, r: ReadTxn, digest: bytes) -> bytes | None:
+        """A block this store does not hold: a fork's blocks stay in its parent's store."""
+        return parent_block(r, digest)
 
     def disk_bytes(self) -> int:
         try:
@@ -755,7 +501,7 @@ class ReaderStore(Store):
 
     def __init__(self, path: str) -> None:  # (none of Store's writer state)
         try:
-            env = lmdb.open(path, map_size=_INITIAL_MAP, max_dbs=len(TABLES) + 2, readonly=True,
+            env = lmdb.open(path, map_size=INITIAL_MAP, max_dbs=len(TABLES) + 2, readonly=True,
                             readahead=False, max_readers=256, create=False)
             self.dbs = {name: env.open_db(name, create=False) for name in TABLES}
         except lmdb.Error as e:
@@ -860,10 +606,6 @@ def forks_of(r: ReadTxn) -> dict[str, int]:
             for k, v in r.prefix(META, FORK_KEY)}
 
 
-_WAY_OUT = ("run 'overlayckpt --store {path} recover' to salvage what can be read into a "
-            "new store (the damaged one is kept beside it)")
-
-
 def _make_dirs_durably(path: str) -> None:
     """makedirs, with each new directory's entry fsync'd in its parent (else a power cut
     may take the whole store, and a store that vanished would look like a new one)."""
@@ -875,151 +617,3 @@ def _make_dirs_durably(path: str) -> None:
     except FileExistsError:
         return
     synced.fsync_dir(parent)
-
-
-def _verify(path: str) -> list[str]:
-    """lmdb's offline verifier on the snapshot LMDB would open: every page it reaches."""
-    try:
-        return lmdb.verify.verify(path)
-    except (lmdb.verify.VerifyError, OSError) as e:
-        return [str(e)]
-
-
-def trust_snapshot(path: str, rec: synced.Record | None) -> bool:
-    """Before LMDB opens an existing store: pick the snapshot to trust, and verify it.
-
-    Returns whether the last daemon's page cache may be gone (then the store was rolled
-    back to its last recorded sync point). The newest snapshot is kept only if the page
-    cache survived (same incarnation) and everything it reaches verifies; else the
-    recorded one. Raises StoreDamaged if that fails verification too.
-    """
-    newest = synced.newest_txnid(path, rec.psize if rec else 4096)
-    if rec is not None and rec.clean and newest == rec.txnid:
-        return False  # closed cleanly: nothing after the record
-    cache_lost = rec is not None and (rec.ident != synced.incarnation(path)
-                                      or newest is None or newest < rec.txnid)
-    if cache_lost and newest != rec.txnid:  # type: ignore[union-attr]  # cache_lost: rec is set
-        log.warning("store %s was not closed and its page cache is gone (power cut?): "
-                    "rolling back to its last sync point (transaction %d, was %s)",
-                    path, rec.txnid, newest)  # type: ignore[union-attr]  # cache_lost: rec is set
-        try:
-            synced.roll_back(path, rec)  # type: ignore[arg-type]  # cache_lost: rec is set
-        except OSError as e:
-            raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
-                               f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
-    problems = _verify(path)
-    if problems and not cache_lost and rec is not None and newest is not None \
-            and newest > rec.txnid:
-        # the incarnation said the page cache survived, yet what the newest meta page
-        # reaches is damaged: it did not (a cut the incarnation cannot tell). The
-        # recorded snapshot's pages were pinned since it was recorded: never rewritten
-        log.warning("store %s: its newest snapshot (transaction %d) is damaged (%s): "
-                    "rolling back to its last sync point (transaction %d)",
-                    path, newest, problems[0], rec.txnid)
-        try:
-            synced.roll_back(path, rec)
-        except OSError as e:
-            raise StoreDamaged(f"store {path} cannot be rolled back to its last sync point "
-                               f"({e.strerror}): {_WAY_OUT.format(path=path)}") from None
-        cache_lost = True
-        problems = _verify(path)
-    if problems:
-        raise StoreDamaged(f"store {path} is damaged ({problems[0]}; {len(problems)} "
-                           f"problem(s)): nothing was served; {_WAY_OUT.format(path=path)}")
-    return cache_lost
-
-
-def salvage(src: str, dst: str) -> Iterator[tuple[str, int, str | None]]:
-    """Copy every entry LMDB can still read from the damaged store at src into a new
-    store at dst, table by table, committing as it goes (so that if the damage crashes
-    the reader, what was copied before stays). Yields each table's name, entries
-    copied and the error that stopped it."""
-    env = lmdb.open(src, readonly=True, lock=False, max_dbs=len(TABLES) + 2,
-                    map_size=_INITIAL_MAP, readahead=False)
-    out = Store.open(dst, create=True, lock=False)
-    try:
-        for name in TABLES:
-            if name in DERIVED_TABLES:
-                continue  # derived from the journal: rebuilt at the next open (no DERIVED_KEYS)
-            copied, error = 0, None
-            batch: list[tuple[bytes, bytes]] = []
-
-            def copy(w: WriteTxn, name: bytes = name, batch: list[tuple[bytes, bytes]] = batch) -> None:
-                for k, v in batch:
-                    if name != META or k not in DERIVED_KEYS:
-                        w.put(name, k, v)
-
-            def flush(batch: list[tuple[bytes, bytes]] = batch) -> None:
-                out.write(copy)
-                batch.clear()
-            try:
-                db = env.open_db(name, create=False)
-                with env.begin(db=db, buffers=False) as txn:
-                    for k, v in txn.cursor():
-                        batch.append((k, v))
-                        copied += 1
-                        if len(batch) >= 4096:
-                            flush()
-            except lmdb.Error as e:
-                error = str(e)
-            flush()
-            yield name.decode(), copied, error
-        found = 0
-        for digest, raw in scan_blocks(os.path.join(src, synced.DATA_NAME), out):
-            def put_new(w: WriteTxn, d: bytes = digest, v: bytes = raw) -> bool:
-                if w.get(BLOCKS, d) is not None:
-                    return False
-                w.put(BLOCKS, d, v)
-                return True
-            found += out.write(put_new)
-        yield "blocks (scan)", found, None
-
-        def drop_derived(w: WriteTxn) -> None:
-            for key in DERIVED_KEYS:
-                w.delete(META, key)
-        out.write(drop_derived)  # rebuilt at open
-    finally:
-        env.close()
-        out.close()
-
-
-def scan_blocks(data_path: str, store: Store) -> Iterator[tuple[bytes, bytes]]:
-    """Every block any leaf page of the file holds, whatever reaches it (a scan, not a walk
-    from a meta page): a block's key is the blake3 of its content, so each found is
-    checked and kept only if it matches. Yields (digest, the value as BLOCKS holds it)."""
-    import struct
-    psize = store.psize
-    with open(data_path, "rb") as f:
-        data = f.read()
-    npages = len(data) // psize
-    for pno in range(2, npages):
-        base = pno * psize
-        pgno, _pad, flags, lower, upper = struct.unpack_from("<QHHHH", data, base)
-        if pgno != pno or flags & 0x3F != 0x02 or not _PAGE_HEADER <= lower <= upper <= psize:
-            continue  # not a leaf page (or not at its place)
-        for i in range((lower - _PAGE_HEADER) // 2):
-            off = struct.unpack_from("<H", data, base + _PAGE_HEADER + 2 * i)[0]
-            if not upper <= off <= psize - 8:
-                break
-            lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, base + off)
-            dsize = lo | hi << 16
-            kstart = base + off + 8
-            if not _DIGEST <= ksize <= _DIGEST + 64 or nflags & ~0x01 \
-                    or kstart + ksize > base + psize:
-                continue
-            key = data[kstart:kstart + ksize]
-            if nflags & 0x01:  # F_BIGDATA: the value is in overflow pages
-                opg = struct.unpack_from("<Q", data, kstart + ksize)[0]
-                vstart = opg * psize + _PAGE_HEADER
-                if not 2 <= opg < npages or vstart + dsize > len(data):
-                    continue
-                value = data[vstart:vstart + dsize]
-            else:
-                value = data[kstart + ksize:kstart + ksize + dsize]
-            digest, raw = _whole(key, value)
-            try:
-                content = store.decode_block(raw)
-            except Exception:  # not a block, or a damaged one
-                continue
-            if blake3.blake3(content).digest() == digest:
-                yield digest, raw

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from overlayckpt.errors import UserError
 
-# every file a store consists of (lmdbstore, synced.py, core/behind.py, info.py and
+# every file a store consists of (lmdbstore, synced.py, core/writebehind.py, info.py and
 # the daemon's log); drop deletes these and nothing else
 STORE_FILES = ("data.mdb", "lock.mdb", "lock", "synced", "behind.log", "session.json",
                "session.json.tmp", "daemon.log")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import trio
 
-from overlayckpt.core.conversation import all_lines, live_lines, parse_line
+from overlayckpt.agents.lines import parse_line
+from overlayckpt.core.conversation import all_lines, live_lines
 from overlayckpt.core.journal import Caller, records
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
@@ -378,7 +379,7 @@ def test_a_name_stored_before_the_rule_still_resolves_by_exact_lookup(session: S
     """"-1" or "a b" are refused now; a store that holds one keeps finding it by its own
     name, and ids stay ASCII digits: "１" and "²" never read as ids."""
     from overlayckpt.records import u64
-    from overlayckpt.store.lmdbstore import WriteTxn
+    from overlayckpt.store.txn import WriteTxn
     from overlayckpt.tables import NAMES
     tl = Timeline(session.ctx)
     ck = tl.checkpoint("fine", None, ME)

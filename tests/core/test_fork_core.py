@@ -17,7 +17,7 @@ from overlayckpt.core.patch import render
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import WriteTxn
+from overlayckpt.store.txn import WriteTxn
 from overlayckpt.tables import BLOCKS, BMAP, JOURNAL, META, PARENT_KEY, PINNED
 
 from .helpers_core import ME, content, exists, ino, tree_of

@@ -127,7 +127,7 @@ async def test_fs_errors_become_fuse_errors_with_the_same_errno(call: str, err: 
 async def test_an_unexpected_exception_is_logged_and_answered_with_eio(
         call: str, caplog: pytest.LogCaptureFixture) -> None:
     core = FakeCore(RuntimeError("core bug"))
-    with caplog.at_level(logging.ERROR, logger="overlayckpt.fuseops"):
+    with caplog.at_level(logging.ERROR, logger="overlayckpt.fuse.ops"):
         with pytest.raises(pyfuse3.FUSEError) as e:
             await CALLS[call](ops(core))
     assert e.value.errno == errno.EIO

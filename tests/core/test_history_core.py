@@ -20,9 +20,10 @@ from overlayckpt.core import groupfiles, history
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.maintenance import fsck, thin
 from overlayckpt.core.timeline import Timeline
-from overlayckpt.records import FORMAT_VERSION, ROOT_INO, from_u64, pack_obj, u64, unpack_obj
+from overlayckpt.records import ROOT_INO, from_u64, pack_obj, u64, unpack_obj
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import ReadTxn
+from overlayckpt.store.format import FORMAT_VERSION
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import (
     CHANGED,
     CKPTS,

@@ -17,7 +17,7 @@ from overlayckpt.core.latency import (
 )
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import WriteTxn
+from overlayckpt.store.txn import WriteTxn
 
 from .helpers_core import ME, ino
 

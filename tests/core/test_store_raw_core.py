@@ -15,7 +15,9 @@ import blake3
 
 from overlayckpt.core.maintenance import fsck, gc
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import AUTO_POINT_PAGES, Store, WriteTxn, salvage
+from overlayckpt.store.lmdbstore import AUTO_POINT_PAGES, Store
+from overlayckpt.store.salvage import salvage
+from overlayckpt.store.txn import WriteTxn
 from overlayckpt.tables import BLOCKS
 
 from .helpers_core import ME, content, ino

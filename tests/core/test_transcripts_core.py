@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from overlayckpt.core.transcripts import resume_command
+from overlayckpt.agents.transcripts import resume_command
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, 0, tzinfo=datetime.UTC)
 

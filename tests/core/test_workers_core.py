@@ -9,7 +9,8 @@ import trio
 from overlayckpt.core.workers import off_loop, wait_idle
 from overlayckpt.errors import Stopped
 from overlayckpt.service.session import Session
-from overlayckpt.store.lmdbstore import ReadTxn, Store
+from overlayckpt.store.lmdbstore import Store
+from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import META
 
 DEADLINE = 60.0

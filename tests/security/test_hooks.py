@@ -23,7 +23,7 @@ import pytest
 
 from conftest import CLI, Mount, conversation, make_repo, run_cli
 from helpers_users import ROOT, User
-from overlayckpt.core.agent_settings import hook_program
+from overlayckpt.agents.settings import hook_program
 from security.conftest import assert_one_line, surroundings
 
 # Both hooks verify the mount the same way: the Python one (`overlayckpt hook`) and the

@@ -1,4 +1,4 @@
-/* Write-behind: writes acknowledged in C, served by Python, once kcache.py turns
+/* Write-behind: writes acknowledged in C, served by Python, once fastpath.py turns
  * it on.
  *
  * - write through a marked handle: the reader thread answers "written" at once
@@ -6,19 +6,19 @@
  *   later request, as it would have; the writer need not wait for it. That is
  *   what a native file system does with a write before fsync, and fsync (which
  *   comes through the queue after the writes) still answers only once they
- *   are stored, with the error of any that failed (fuseops.py). Before it
+ *   are stored, with the error of any that failed (fuse/ops.py). Before it
  *   answers, the reader copies the write into the store's write-behind log, a
  *   file mapped shared (so a killed daemon's copy survives it), which the next
- *   Session.open replays past what Python stored (behind.py). It marks the
+ *   Session.open replays past what Python stored (writebehind.py). It marks the
  *   handle with ACKNOWLEDGED; the wrapped write handlers take the mark off,
- *   tell Python the record (kcache_request_seq/next) and remember the request,
+ *   tell Python the record (fastpath_request_seq/next) and remember the request,
  *   whose reply fuse_reply_write/fuse_reply_err then drop. At most max_behind
  *   bytes wait at a time, and none while the store's file system has less than
  *   min_free bytes free: a full disk must be reported to the writer itself.
  *
- * The record layout (struct record, WRAPPED) is in kcache.h.
+ * The record layout (struct record, WRAPPED) is in fastpath.h.
  */
-#include "kcache.h"
+#include "fastpath.h"
 
 #define MAX_BEHIND_REQUESTS 256     /* pyfuse3 serves at most max_tasks (16) at once */
 
@@ -33,7 +33,7 @@ int behind_count;  /* used only by pyfuse3's thread */
 
 /* Map the log and start at record seq at offset head (what Python stored last
  * said comes next); max_bytes 0 turns write-behind off again. */
-int kcache_write_behind(int fd, uint64_t size, uint64_t seq, uint64_t head,
+int fastpath_write_behind(int fd, uint64_t size, uint64_t seq, uint64_t head,
                         uint64_t max_bytes, uint64_t free_bytes)
 {
     if (max_bytes == 0) {
@@ -128,10 +128,10 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t 
     ring_head = pos + need;
     ring_seq++;
     arg->fh |= ACKNOWLEDGED;
-    stats_record(&kcache_stats[STATS_WRITE_EARLY], answered - arrival, 0);
+    stats_record(&fastpath_stats[STATS_WRITE_EARLY], answered - arrival, 0);
 }
 
-uint64_t kcache_request_seq, kcache_request_next;  /* the record of the write being handled */
+uint64_t fastpath_request_seq, fastpath_request_next;  /* the record of the write being handled */
 
 /* In pyfuse3's thread: a marked write is about to reach Python. Marked writes
  * come in the order of their records, so the next record is this one's. */
@@ -139,7 +139,7 @@ void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi)
 {
     struct record *rec;
 
-    kcache_request_seq = 0;
+    fastpath_request_seq = 0;
     if (!(fi->fh & ACKNOWLEDGED))
         return;
     fi->fh &= ~ACKNOWLEDGED;
@@ -147,8 +147,8 @@ void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi)
         taken = 0;
     rec = (struct record *)(ring + taken);
     taken += sizeof(*rec) + PAD8(rec->size);
-    kcache_request_seq = rec->seq;
-    kcache_request_next = taken;
+    fastpath_request_seq = rec->seq;
+    fastpath_request_next = taken;
     if (behind_count == MAX_BEHIND_REQUESTS)
         abort();  /* pyfuse3 serving this many writes at once breaks its own limit */
     behind[behind_count].req = req;

@@ -17,7 +17,7 @@
  * The reader answers under the table's lock, so an answer from the table is on
  * its way to the kernel before a drop returns, before the change that follows.
  */
-#include "kcache.h"
+#include "fastpath.h"
 
 #define SLOTS 64  /* by inode; a request publishes one or two directories */
 
@@ -29,10 +29,10 @@ struct slot {
 static struct slot table[SLOTS];
 static int used;  /* slots filled; read without the lock only to skip it when 0 */
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-uint64_t kcache_dir_attrs_answered;
+uint64_t fastpath_dir_attrs_answered;
 
 /* Python (ops.py) after a change: what its GETATTR of directory ino answers now. */
-void kcache_publish_dir_attrs(uint64_t ino, uint32_t mode, uint32_t nlink, uint32_t uid, uint32_t gid,
+void fastpath_publish_dir_attrs(uint64_t ino, uint32_t mode, uint32_t nlink, uint32_t uid, uint32_t gid,
                               uint32_t rdev, uint64_t size, uint64_t blocks, uint32_t blksize,
                               uint64_t atime, uint32_t atimensec, uint64_t mtime, uint32_t mtimensec,
                               uint64_t ctime, uint32_t ctimensec, uint64_t attr_valid)
@@ -57,7 +57,7 @@ void kcache_publish_dir_attrs(uint64_t ino, uint32_t mode, uint32_t nlink, uint3
 }
 
 /* Forget every published directory (Python: the daemon changed the tree itself). */
-void kcache_drop_dir_attrs(void)
+void fastpath_drop_dir_attrs(void)
 {
     pthread_mutex_lock(&table_lock);
     if (used) {
@@ -87,7 +87,7 @@ void dir_attrs_taking(const char *mem, size_t len)
     if (!__atomic_load_n(&used, __ATOMIC_ACQUIRE))
         return;
     if (len < sizeof(*in)) {
-        kcache_drop_dir_attrs();
+        fastpath_drop_dir_attrs();
         return;
     }
     switch (in->opcode) {
@@ -112,7 +112,7 @@ void dir_attrs_taking(const char *mem, size_t len)
     default:  /* rename (it may move a directory of the table), rmdir (it removes one), ... */
         break;
     }
-    kcache_drop_dir_attrs();
+    fastpath_drop_dir_attrs();
 }
 
 /* The reader thread: answer a GETATTR of a published directory; 0 if it is not one. */
@@ -135,7 +135,7 @@ int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len)
         head.unique = in->unique;
         /* an error means the kernel gave the request up (interrupted): nothing to do */
         (void)!writev(real_fd(se), iov, 2);
-        kcache_dir_attrs_answered++;
+        fastpath_dir_attrs_answered++;
         answered = 1;
     }
     pthread_mutex_unlock(&table_lock);

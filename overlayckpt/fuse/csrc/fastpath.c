@@ -3,9 +3,9 @@
  * Answered in C:
  * - open of a file without O_TRUNC: the handle is the inode number marked
  *   with KERNEL_HANDLE; read and write go on to Python and recognise the mark
- *   (fuseops.py), which also hands out marked handles from create and
+ *   (fuse/ops.py), which also hands out marked handles from create and
  *   truncating opens; every release of a marked handle is answered here. A
- *   write then names its process through kcache_request_pid, which the
+ *   write then names its process through fastpath_request_pid, which the
  *   wrapped write handler sets just before pyfuse3 runs the Python one. The
  *   kernel is asked to keep file pages across opens (FOPEN_KEEP_CACHE): the
  *   daemon is the only writer of what it serves, the kernel drops what changes
@@ -25,7 +25,7 @@
  *   every write to a file; file capabilities have no effect on a nosuid mount,
  *   and the daemon refuses to set them, so the answer is exact.
  */
-#include "kcache.h"
+#include "fastpath.h"
 
 #define CAPABILITY "security.capability"
 
@@ -50,9 +50,9 @@ static fsync_fn py_fsync;
 static fsyncdir_fn py_fsyncdir;
 static init_fn py_init;
 uint64_t cache_below;  /* inodes from here on (control, views) are Python's */
-int kcache_request_pid;  /* the process of the write being handled (0: page writeback) */
+int fastpath_request_pid;  /* the process of the write being handled (0: page writeback) */
 
-void kcache_configure(uint64_t below) { cache_below = below; }
+void fastpath_configure(uint64_t below) { cache_below = below; }
 
 /* -- which requests C answers (the reader and the handlers must agree) -------- */
 
@@ -152,8 +152,8 @@ static void write_arrives(fuse_req_t req, struct fuse_file_info *fi)
 {
     uint64_t fh = fi->fh;
 
-    kcache_request_pid = fuse_req_ctx(req)->pid;
-    kcache_request_arrival = taken_arrival;
+    fastpath_request_pid = fuse_req_ctx(req)->pid;
+    fastpath_request_arrival = taken_arrival;
     take_acknowledged(req, fi);
     if ((fh & (KERNEL_HANDLE | ACKNOWLEDGED)) == KERNEL_HANDLE)
         stats_pending(req, STATS_WRITE);

@@ -1,10 +1,10 @@
 /* libfuse interposition: the functions of libfuse that pyfuse3 calls and this
- * library stands in for (see kcache.h). Each looks libfuse's own up, leaves any
+ * library stands in for (see fastpath.h). Each looks libfuse's own up, leaves any
  * session but the wrapped one as it is, and hands the rest to the file that owns
  * it: fastpath.c (the handlers), queue.c (the reader thread and the queue),
  * behind.c (the answers to acknowledged writes), warm.c (its threads' stop),
  * stats.c (the latency of the reads, writes and fsyncs Python answers). */
-#include "kcache.h"
+#include "fastpath.h"
 
 struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
 int (*real_fd)(struct fuse_session *);
@@ -18,7 +18,7 @@ int (*real_reply_buf)(fuse_req_t, const char *, size_t);
 
 struct fuse_session *wrapped;  /* the one session whose handlers go through here */
 
-int kcache_sessions_wrapped(void) { return wrapped != NULL; }
+int fastpath_sessions_wrapped(void) { return wrapped != NULL; }
 
 static int bind_libfuse(void)
 {

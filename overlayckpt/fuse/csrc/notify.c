@@ -4,12 +4,12 @@
  * invalidating thousands of inodes one pyfuse3 call at a time costs a trip through
  * Python each.
  *
- * - kcache_notify_inc_epoch: FUSE_NOTIFY_INC_EPOCH (Linux 6.16+, protocol 7.44):
+ * - fastpath_notify_inc_epoch: FUSE_NOTIFY_INC_EPOCH (Linux 6.16+, protocol 7.44):
  *   the connection's epoch goes up by one, and every dentry the kernel holds of
  *   the mount (names and negative names alike) is looked up again at its next use.
  *   It drops names only: attributes, pages and directory listings stay, and are
  *   dropped per inode (below). An older kernel answers EINVAL (an unknown code).
- * - kcache_notify_inval_inodes: FUSE_NOTIFY_INVAL_INODE (attributes, pages and the
+ * - fastpath_notify_inval_inodes: FUSE_NOTIFY_INVAL_INODE (attributes, pages and the
  *   listing of a directory) for each inode of an array, in one call that runs
  *   without the GIL (ctypes lets go of it), so a restore that changed 20,000 files
  *   costs 20,000 system calls, not 20,000 trips through Python.
@@ -18,7 +18,7 @@
  * write's size, unique 0, error the notify code); /dev/fuse takes writes from any
  * thread, as libfuse's own notifications and replies do.
  */
-#include "kcache.h"
+#include "fastpath.h"
 
 #ifndef FUSE_NOTIFY_INC_EPOCH
 #define FUSE_NOTIFY_INC_EPOCH 8  /* linux/fuse.h of 6.16+; Debian 12's stops at 7.38 */
@@ -52,7 +52,7 @@ static int send_notify(int fd, int code, const void *arg, size_t size)
 
 /* 0, or -errno: -EINVAL from a kernel older than 6.16 (no such notification),
    -ENOTCONN when no session is served here. */
-int kcache_notify_inc_epoch(void)
+int fastpath_notify_inc_epoch(void)
 {
     int fd = session_fd();
 
@@ -65,7 +65,7 @@ int kcache_notify_inc_epoch(void)
    failure other than "the kernel holds no such inode" (ENOENT), which stops the
    loop. attr_only: attributes only (a directory or file whose content is unchanged),
    else its pages and listing too. */
-long kcache_notify_inval_inodes(const uint64_t *inos, size_t n, int attr_only)
+long fastpath_notify_inval_inodes(const uint64_t *inos, size_t n, int attr_only)
 {
     struct fuse_notify_inval_inode_out arg;
     long had = 0;

@@ -7,7 +7,7 @@
  * pyfuse3 is given the read end of a pipe that holds a byte per queued request,
  * and takes them through fuse_session_receive_buf.
  */
-#include "kcache.h"
+#include "fastpath.h"
 #include <linux/sched.h>  /* SCHED_FLAG_RESET_ON_FORK */
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,7 +29,7 @@ struct item {
 static volatile sig_atomic_t stopping;
 static int wake[2] = {-1, -1};  /* one byte per queued item (at most); pyfuse3 polls wake[0] */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-/* the last item is kept queued once it is the end; kcache_wait_queued watches head
+/* the last item is kept queued once it is the end; fastpath_wait_queued watches head
    without the lock, so it is stored atomically */
 static struct item *head, *tail;
 
@@ -75,7 +75,7 @@ struct sched_attr_ {
     uint64_t runtime, deadline, period;
 };
 
-int kcache_serve_promptly(void)
+int fastpath_serve_promptly(void)
 {
     struct sched_attr_ attr;
 
@@ -100,7 +100,7 @@ static void *read_requests(void *arg)
     sigfillset(&others);
     sigdelset(&others, SIGURG);
     pthread_sigmask(SIG_BLOCK, &others, NULL);
-    kcache_serve_promptly();
+    fastpath_serve_promptly();
     for (;;) {
         res = real_receive(se, &buf);
         arrival = now_ns();  /* the request's arrival, as near the kernel as we get */
@@ -174,7 +174,7 @@ int queue_take(struct fuse_buf *buf)
     }
     if (it == NULL) {
         /* Woken for nothing. push() queues an item before it writes its byte, so
-           an item can be taken (here, after kcache_wait_queued saw it) before its
+           an item can be taken (here, after fastpath_wait_queued saw it) before its
            byte is in the pipe: that byte then comes with the queue empty. Every
            byte in the pipe belongs to a queued item, so with none queued they are
            all such bytes: drop them, or the pipe stays readable and pyfuse3's loop
@@ -208,12 +208,12 @@ int queue_take(struct fuse_buf *buf)
 }
 
 /* Whether a request waits for pyfuse3, watching the queue for up to spin_ns.
- * kcache.py calls this (without the GIL) where pyfuse3's loop would go back to
+ * fastpath.py calls this (without the GIL) where pyfuse3's loop would go back to
  * trio to wait on the pipe: a trip through trio's lock, scheduler and epoll costs
  * more than most handlers, and a client's next request often follows our reply
  * within microseconds. (Sleeping here on a condition variable instead was no
  * faster, and held trio up: restores, which wait on threads, stalled.) */
-int kcache_wait_queued(long spin_ns)
+int fastpath_wait_queued(long spin_ns)
 {
     struct timespec start, now;
 

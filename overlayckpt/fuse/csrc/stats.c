@@ -4,24 +4,24 @@
  * than what the process that made the request waited.
  *
  * - A write acknowledged early (behind.c) is answered by the reader thread itself:
- *   it records it in kcache_stats[STATS_WRITE_EARLY].
+ *   it records it in fastpath_stats[STATS_WRITE_EARLY].
  * - Every other read, write or fsync of a marked handle (files of the live tree;
  *   control and view files are Python's and left out) is answered by Python: the
  *   wrapped handler (fastpath.c) notes the request and when it arrived
  *   (stats_pending), and the interposed fuse_reply_write/_buf/_err (interpose.c)
  *   find it there and record it.
  *
- * A histogram is a fixed array of counters (kcache.h), so recording costs two clock
+ * A histogram is a fixed array of counters (fastpath.h), so recording costs two clock
  * reads (vDSO) and a few adds, whatever has been recorded before. Each histogram has
- * one writer thread; Python reads them from pyfuse3's thread (kcache.py).
+ * one writer thread; Python reads them from pyfuse3's thread (fastpath.py).
  */
-#include "kcache.h"
+#include "fastpath.h"
 
 #define PENDING_MAX 256  /* pyfuse3 serves at most max_tasks (16) requests at once */
 
-struct hist kcache_stats[STATS_KINDS];
-uint64_t kcache_stats_untimed;      /* requests not timed: the pending table was full */
-uint64_t kcache_request_arrival;    /* when the write being handled arrived (0: unknown) */
+struct hist fastpath_stats[STATS_KINDS];
+uint64_t fastpath_stats_untimed;      /* requests not timed: the pending table was full */
+uint64_t fastpath_request_arrival;    /* when the write being handled arrived (0: unknown) */
 uint64_t taken_arrival;
 
 static struct pending pending[PENDING_MAX];
@@ -49,13 +49,13 @@ void stats_record(struct hist *h, uint64_t ns, int error)
 }
 
 /* For Python to check bucket_of against core/latency.py's (tests/core). */
-unsigned kcache_hist_bucket(uint64_t ns) { return bucket_of(ns); }
+unsigned fastpath_hist_bucket(uint64_t ns) { return bucket_of(ns); }
 
 /* In a wrapped handler: req, which arrived at taken_arrival, is Python's to answer. */
 void stats_pending(fuse_req_t req, int kind)
 {
     if (pending_count == PENDING_MAX || taken_arrival == 0) {
-        kcache_stats_untimed++;
+        fastpath_stats_untimed++;
         return;
     }
     pending[pending_count].req = req;
@@ -79,5 +79,5 @@ int stats_take_pending(fuse_req_t req, struct pending *out)
 
 void stats_replied(const struct pending *p, uint64_t at, int error)
 {
-    stats_record(&kcache_stats[p->kind], at > p->arrival ? at - p->arrival : 0, error);
+    stats_record(&fastpath_stats[p->kind], at > p->arrival ? at - p->arrival : 0, error);
 }

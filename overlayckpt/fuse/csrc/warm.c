@@ -1,13 +1,13 @@
-/* Reading the repo's metadata ahead: kcache_warm_tree, from threads of its own.
+/* Reading the repo's metadata ahead: fastpath_warm_tree, from threads of its own.
  *
  * On a cold cache each first lookup of a repo file waits for its inode from disk,
  * and the daemon makes them one at a time: a cold `git status` was 1.75x
- * fuse-overlayfs, which makes them from several threads. kcache_warm_tree starts
+ * fuse-overlayfs, which makes them from several threads. fastpath_warm_tree starts
  * threads that walk the repo once, listing every directory and stat-ing every
  * entry, so that those inodes are in the kernel's cache when the daemon asks. They
  * only read metadata, resolve every path beneath the repo without following a
  * symlink, keep nothing, and stop when the session ends. */
-#include "kcache.h"
+#include "fastpath.h"
 
 #define WARM_THREADS 4
 struct warm_dir { struct warm_dir *next; char path[]; };
@@ -16,8 +16,8 @@ static pthread_cond_t warm_more = PTHREAD_COND_INITIALIZER;
 static struct warm_dir *warm_queue;
 static int warm_root = -1, warm_threads, warm_busy;
 static volatile int warm_stop;
-uint64_t kcache_warmed_dirs;  /* directories listed so far (status shows it) */
-int kcache_warm_done;         /* the walk has ended */
+uint64_t fastpath_warmed_dirs;  /* directories listed so far (status shows it) */
+int fastpath_warm_done;         /* the walk has ended */
 
 /* A directory to list: parent/name, relative to the repo (whose root is "."). */
 static struct warm_dir *warm_new(const char *parent, const char *name)
@@ -75,7 +75,7 @@ static void warm_dir(int root, const char *path)
             warm_push(path, e->d_name);
     }
     closedir(dir);
-    __atomic_add_fetch(&kcache_warmed_dirs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fastpath_warmed_dirs, 1, __ATOMIC_RELAXED);
 }
 
 static void *warm_thread(void *arg)
@@ -111,7 +111,7 @@ static void *warm_thread(void *arg)
         }
         close(warm_root);
         warm_root = -1;
-        __atomic_store_n(&kcache_warm_done, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&fastpath_warm_done, 1, __ATOMIC_RELEASE);
     }
     pthread_cond_broadcast(&warm_more);
     pthread_mutex_unlock(&warm_lock);
@@ -119,7 +119,7 @@ static void *warm_thread(void *arg)
 }
 
 /* Walk the tree below dirfd in the background (Lower asks once per session). */
-void kcache_warm_tree(int dirfd)
+void fastpath_warm_tree(int dirfd)
 {
     struct warm_dir *root = warm_new(".", ".");  /* "./.": the root, beneath itself */
     pthread_attr_t attr;

@@ -15,12 +15,21 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
-from overlayckpt.core.agents import TOOL_EVENTS, TRANSCRIPT_AGENTS
+from overlayckpt.agents.hooks import TOOL_EVENTS, TRANSCRIPT_AGENTS
+
+# A transcript's record, a parsed JSON object the agent wrote: every value checked before use
+Entry = dict[str, object]
+# A record as (its line as written, parsed)
+Record = tuple[str, Entry]
+# The checkpoint's conversation lines (conversation.live_lines), which anyone who can write
+# ctl can forge: every value checked too
+Lines = Sequence[Mapping[str, object]]
 
 
-def _claude_result(entry: dict[str, Any], call_id: str) -> bool:
+def _claude_result(entry: Entry, call_id: str) -> bool:
     message = entry.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, list) and any(
@@ -28,7 +37,7 @@ def _claude_result(entry: dict[str, Any], call_id: str) -> bool:
         for b in content)
 
 
-def _codex_result(entry: dict[str, Any], call_id: str) -> bool:
+def _codex_result(entry: Entry, call_id: str) -> bool:
     payload = entry.get("payload")
     return entry.get("type") == "response_item" and isinstance(payload, dict) \
         and payload.get("type") in ("function_call_output", "custom_tool_call_output") \
@@ -39,7 +48,7 @@ def transcript_root(agent: str) -> str:
     """The directory where the agent keeps this user's transcripts (Claude Code:
     CLAUDE_CONFIG_DIR or ~/.claude, then projects/; Codex: CODEX_HOME or ~/.codex, then
     sessions/), as the daemon's environment (the user's, at mount time) names it."""
-    from overlayckpt.core.agent_settings import qwen_home, user_settings_path
+    from overlayckpt.agents.settings import qwen_home, user_settings_path
     if agent == "qwen":  # projects/<project>/chats/<session>.jsonl
         return os.path.join(os.environ.get("QWEN_RUNTIME_DIR") or qwen_home(), "projects")
     # beside the settings file we install the hooks in (gemini: tmp/<project>/chats/session-*.jsonl)
@@ -52,7 +61,7 @@ class Transcript:
     beneath its agent's transcript root one component at a time, never through a symlink:
     `dir_fd` holds it (the cut copy goes there), `fd` reads it. Close it when done."""
 
-    def __init__(self, path: Any, agent: str) -> None:
+    def __init__(self, path: object, agent: str) -> None:
         import errno
 
         from overlayckpt.names import quote_path
@@ -97,7 +106,7 @@ class Transcript:
             raise
         self.dir_fd, self.fd = fd, src
 
-    def lines(self) -> Any:
+    def lines(self) -> TextIO:
         return os.fdopen(os.dup(self.fd), encoding="utf-8", errors="surrogateescape")
 
     def write_copy(self, name: str, lines: list[str]) -> str:
@@ -116,7 +125,7 @@ class Transcript:
         os.close(self.dir_fd)
 
 
-def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
+def resume_command(lines: Lines) -> tuple[str, str] | None:
     """The agent transcript of a checkpoint's conversation (its lines, oldest first) cut
     back to it: (the command that resumes it, the copy's path); None if there is none.
 
@@ -126,14 +135,15 @@ def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
     for line in reversed(lines):
         path = line.get("transcript_path")
         agent = line.get("agent")
-        if agent not in TRANSCRIPT_AGENTS or not path:
+        if not isinstance(agent, str) or agent not in TRANSCRIPT_AGENTS or not path:
             continue
         try:
             transcript = Transcript(path, agent)
         except FileNotFoundError:
             continue  # gone (deleted by the agent or the user): an older one may remain
         try:
-            call = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
+            call_id = line.get("tool_use_id") if line.get("event") in TOOL_EVENTS else None
+            call = call_id if isinstance(call_id, str) else None
             if agent in ("gemini", "qwen"):
                 mine = [x for x in lines if x.get("transcript_path") == path and x.get("agent") == agent]
                 if agent == "gemini":
@@ -142,16 +152,16 @@ def resume_command(lines: list[dict[str, Any]]) -> tuple[str, str] | None:
                 session, copy = cut_qwen_session(transcript, mine)
                 return f"qwen --resume {session}", copy
             if agent == "codex":
-                session, copy = cut_codex_rollout(transcript, line["time"], call)
+                session, copy = cut_codex_rollout(transcript, str(line["time"]), call)
                 return f"codex resume {session}", copy
-            copy = cut_transcript(transcript, line["time"], call)
+            copy = cut_transcript(transcript, str(line["time"]), call)
             return f"claude --resume {copy}", copy
         finally:
             transcript.close()
     return None
 
 
-def _stamp(value: Any) -> float | None:
+def _stamp(value: object) -> float | None:
     """An ISO 8601 time as seconds, None if it is not one."""
     import datetime
     if not isinstance(value, str):
@@ -162,13 +172,13 @@ def _stamp(value: Any) -> float | None:
         return None
 
 
-def _records(transcript: Transcript) -> list[tuple[str, dict[str, Any]]]:
+def _records(transcript: Transcript) -> list[Record]:
     """A JSONL transcript's records (line as written, parsed), lines cut short skipped."""
     out = []
     with transcript.lines() as src:
         for line in src:
             try:
-                entry = json.loads(line)
+                entry: object = json.loads(line)
             except ValueError:
                 continue
             if isinstance(entry, dict):
@@ -176,7 +186,7 @@ def _records(transcript: Transcript) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[tuple[str, dict[str, Any]]]:
+def _cut(transcript: Transcript, until_iso: str, is_end: Callable[[Entry], bool]) -> list[Record]:
     """A JSONL transcript's records (line as written, parsed) through the first entry
     is_end accepts, or, if none does, those stamped no later than until_iso."""
     records = _records(transcript)
@@ -189,8 +199,8 @@ def _cut(transcript: Transcript, until_iso: str, is_end: Any) -> list[tuple[str,
     return _up_to(records, until)
 
 
-def _up_to(records: list[tuple[str, dict[str, Any]]], until: float,
-           stamp: Any = lambda e: _stamp(e.get("timestamp"))) -> list[tuple[str, dict[str, Any]]]:
+def _up_to(records: list[Record], until: float,
+           stamp: Callable[[Entry], float | None] = lambda e: _stamp(e.get("timestamp"))) -> list[Record]:
     """records before the first one stamp(entry) puts later than until (unstamped: kept)."""
     kept = []
     for line, entry in records:
@@ -240,7 +250,7 @@ def cut_codex_rollout(rollout: Transcript, until_iso: str, call_id: str | None =
 
 # --- transcripts without the hooks' call ids: Gemini CLI, qwen-code ----------------------
 
-def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, int, float] | None:
+def _call_point(lines: Lines, done: list[float]) -> tuple[float, int, float] | None:
     """Where the last of lines (one agent session's, oldest first) stands, if it is a tool
     line: (the time of its call's PreToolUse line, k: that call is the k-th of its batch,
     the time of the last completion before it), done being the times the transcript
@@ -258,12 +268,12 @@ def _call_point(lines: list[dict[str, Any]], done: list[float]) -> tuple[float, 
     return at, sum(1 for t in starts if since < t <= at), since
 
 
-def _until(lines: list[dict[str, Any]]) -> float:
+def _until(lines: Lines) -> float:
     last = _stamp(lines[-1].get("time")) if lines else None
     return last if last is not None else float("inf")
 
 
-def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
+def cut_gemini_session(session: Transcript, lines: Lines) -> str:
     """Copy a Gemini CLI session (JSONL: a metadata record, then message records, each a
     whole snapshot of its message, rewritten as tool calls complete) up to the point of
     lines, the checkpoint's lines of this session; returns the copy's path, beside it.
@@ -278,7 +288,7 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
     if not records or "sessionId" not in records[0][1]:
         raise ValueError(f"{os.path.basename(session.path)} is not a Gemini CLI session (JSONL)")
 
-    def calls(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    def calls(entry: Entry) -> list[Entry]:
         found = entry.get("toolCalls")
         return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
     done = [t for _, e in records for c in calls(e) if (t := _stamp(c.get("timestamp"))) is not None]
@@ -296,14 +306,14 @@ def cut_gemini_session(session: Transcript, lines: list[dict[str, Any]]) -> str:
                 kept = [x for x, _ in records[:i]] + [json.dumps(entry, ensure_ascii=False) + "\n"]
             break
     if not kept:  # no tool line, or its call is not there: up to the line's time
-        def latest(entry: dict[str, Any]) -> float | None:
+        def latest(entry: Entry) -> float | None:
             times = [_stamp(entry.get("timestamp"))] + [_stamp(c.get("timestamp")) for c in calls(entry)]
             return max((t for t in times if t is not None), default=None)
         kept = [line for line, _ in _up_to(records, _until(lines), latest)]
     return session.write_copy(f"overlayckpt-{uuid.uuid4()}.jsonl", kept)
 
 
-def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[str, str]:
+def cut_qwen_session(session: Transcript, lines: Lines) -> tuple[str, str]:
     """Copy a qwen-code session (JSONL records, each with uuid, parentUuid, sessionId,
     timestamp: the model's turn with its functionCall parts, then one tool_result record
     per call once the batch is done) up to the point of lines, as a session of its own
@@ -317,24 +327,24 @@ def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[
     if not records or not all("sessionId" in e for _, e in records):
         raise ValueError(f"{os.path.basename(session.path)} is not a qwen-code session (JSONL)")
 
-    def result_of(entry: dict[str, Any]) -> str | None:
+    def result_of(entry: Entry) -> str | None:
         result = entry.get("toolCallResult")
         if entry.get("type") == "tool_result" and isinstance(result, dict) and isinstance(result.get("callId"), str):
             return str(result["callId"])
         return None
 
-    def parts(entry: dict[str, Any]) -> list[Any]:
+    def parts(entry: Entry) -> list[object]:
         message = entry.get("message")
         found = message.get("parts") if isinstance(message, dict) else None
         return found if isinstance(found, list) else []
 
-    def call_id(part: Any) -> str | None:
+    def call_id(part: object) -> str | None:
         call = part.get("functionCall") if isinstance(part, dict) else None
         return str(call["id"]) if isinstance(call, dict) and isinstance(call.get("id"), str) else None
 
     done = [t for _, e in records if result_of(e) and (t := _stamp(e.get("timestamp"))) is not None]
     point = _call_point(lines, done)
-    kept: list[tuple[str, dict[str, Any]]] = []
+    kept: list[Record] = []
     if point is not None:
         at, k, _since = point
         turns = [i for i, (_, e) in enumerate(records) if e.get("type") == "assistant"
@@ -346,7 +356,9 @@ def cut_qwen_session(session: Transcript, lines: list[dict[str, Any]]) -> tuple[
             if end is not None:
                 for i, (line, entry) in enumerate(records[:end + 1]):
                     if i == turns[-1] and later:
-                        message = dict(entry["message"], parts=[p for p in parts(entry) if call_id(p) not in later])
+                        message = entry["message"]  # a dict: parts(entry) found calls in it
+                        assert isinstance(message, dict)
+                        message = dict(message, parts=[p for p in parts(entry) if call_id(p) not in later])
                         entry = dict(entry, message=message)
                     elif i > turns[-1] and result_of(entry) and result_of(entry) not in wanted:
                         continue

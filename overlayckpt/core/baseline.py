@@ -1,5 +1,7 @@
-"""What the session records of a repo file when it first changes it (`seen`), and the
-digest apply compares with to tell a file the repo rewrote unchanged from one it changed.
+"""The repo baseline: what the session records of a repo file when it first changes it,
+and the digest apply compares with to tell a file the repo rewrote unchanged from one it
+changed. The table holding it is named `seen` (tables.SEEN): that name is part of the
+store format and stays.
 
 A `seen` record is [ino, size, mtime_ns] and, for a small file, the blake3 digest of
 its content; for a git index (`.git/index`, a worktree's index) the digest of its

@@ -3,7 +3,7 @@
  * Every request pyfuse3 serves costs a trip through its loop and our Python
  * (~45 us on a 2-core VM), and a tree walk (git status, tar, an editor's file
  * search) is mostly requests whose answer needs no state. Loaded with
- * RTLD_GLOBAL before pyfuse3 (see kcache.py), this library stands in for four
+ * RTLD_GLOBAL before pyfuse3 (see fastpath.py), this library stands in for four
  * libfuse functions that pyfuse3 calls:
  *
  * - fuse_session_new: wraps eight of pyfuse3's request handlers (fastpath.c).
@@ -11,11 +11,12 @@
  *   read end of a pipe instead. The thread answers the requests fastpath.c names
  *   at once and queues every other one, in order, for pyfuse3's loop (queue.c).
  * - fuse_session_receive_buf: pyfuse3 takes the next queued request.
- *   kcache_wait_queued lets kcache.py have pyfuse3's loop watch for it here,
+ *   fastpath_wait_queued lets fastpath.py have pyfuse3's loop watch for it here,
  *   without the GIL, before it waits in trio.
  * - fuse_session_destroy: stops and joins the thread first.
  *
- * The files, one thing each (built into the one extension overlayckpt._kcache):
+ * The files, one thing each (built into one shared library, overlayckpt/fuse/libfastpath.so,
+ * by setup.py: not a Python extension, fuse/fastpath.py loads it with ctypes):
  * - interpose.c: the libfuse functions above and fuse_reply_write/fuse_reply_err,
  *   which only dispatch to the others.
  * - fastpath.c: which requests C answers, and the wrapped handlers.
@@ -23,17 +24,17 @@
  *   scheduler slice of the threads that answer requests.
  * - behind.c: write-behind (writes acknowledged before Python stores them) and
  *   its log.
- * - warm.c: kcache_warm_tree, reading the repo's metadata ahead.
+ * - warm.c: fastpath_warm_tree, reading the repo's metadata ahead.
  * - dirattrs.c: directory attributes Python publishes after a change, and the
  *   GETATTRs of them that follow, answered by the reader thread.
  * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
  *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
  *   stats).
  * - constants.c: the constants below that Python must agree with, exported for
- *   tests/test_kcache_constants.py.
+ *   tests/test_fastpath_constants.py.
  */
-#ifndef KCACHE_H
-#define KCACHE_H
+#ifndef FASTPATH_H
+#define FASTPATH_H
 
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 34
@@ -62,11 +63,11 @@
 
 /* -- shared with Python (constants.c exports them; the test compares) ---------- */
 
-#define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuseops.KERNEL_HANDLE */
+#define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuse/ops.py KERNEL_HANDLE */
 #define ACKNOWLEDGED (1ULL << 62)   /* on a queued write's handle: answered already;
                                        records.CONTROL_INO_BASE, above every repo inode */
 
-/* A record of the write-behind log (behind.py reads the same layout: HEADER,
+/* A record of the write-behind log (writebehind.py reads the same layout: HEADER,
  * "=QQQII"): the header, then the data padded to 8 bytes. seq is stored last; a
  * header whose size is WRAPPED says the record is at offset 0, as does a tail too
  * short for a header. */
@@ -79,8 +80,8 @@ struct record {
 };
 #define WRAPPED UINT32_MAX
 #define PAD8(n) (((n) + 7) & ~(uint64_t)7)
-/* the largest write acknowledged is max_behind / LARGEST_WRITE_SHARE (behind.py's
-   LOG_SIZE must be more than twice kcache.MAX_BEHIND plus that) */
+/* the largest write acknowledged is max_behind / LARGEST_WRITE_SHARE (writebehind.py's
+   LOG_SIZE must be more than twice fastpath.MAX_BEHIND plus that) */
 #define LARGEST_WRITE_SHARE 4
 
 /* Latency histograms (stats.c; core/latency.py reads the same layout): a value of
@@ -95,11 +96,11 @@ struct hist {
     uint64_t errors;   /* answered with an error */
     uint64_t buckets[HIST_BUCKETS];
 };
-/* kcache_stats[kind]: each written by one thread only (the reader thread for
+/* fastpath_stats[kind]: each written by one thread only (the reader thread for
    STATS_WRITE_EARLY, pyfuse3's for the others) */
 enum { STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_KINDS };
-extern struct hist kcache_stats[STATS_KINDS];
-extern uint64_t kcache_request_arrival;  /* the write being handled: its arrival */
+extern struct hist fastpath_stats[STATS_KINDS];
+extern uint64_t fastpath_request_arrival;  /* the write being handled: its arrival */
 
 static inline uint64_t now_ns(void)
 {

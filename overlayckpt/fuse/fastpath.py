@@ -1,6 +1,7 @@
-"""Load the C library (_kcache.c) that answers the FUSE requests needing no Python
-(opens, their releases, the security.capability lookup before every write) and asks
-the kernel to keep pages and directory listings across opens.
+"""Load the fast path library (C, built from fuse/csrc/) that answers the FUSE requests
+needing no Python (opens, their releases, the security.capability lookup before every
+write), acknowledges writes before Python stores them (write-behind) and asks the
+kernel to keep pages and directory listings across opens; and Python's bindings to it.
 
 It must be loaded before pyfuse3 is imported, because it stands in for libfuse's
 fuse_session_new, which pyfuse3 binds when it is loaded. Without it (not built,
@@ -10,23 +11,24 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import glob
-import importlib.machinery
 import inspect
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from overlayckpt.core.latency import BUCKETS, Histogram
+from overlayckpt.core.latency import BUCKETS, Histogram, RequestLatency
 from overlayckpt.records import CONTROL_INO_BASE
+
+if TYPE_CHECKING:  # (only for the type: this module must load before pyfuse3 is imported)
+    from pyfuse3 import EntryAttributes
 
 log = logging.getLogger(__name__)
 
 # How long pyfuse3's loop watches for the next request in C before it waits in trio.
 SPIN_NS = 30_000
 YIELD_EVERY = 64
-# Write-behind (see _kcache.c): how many bytes of acknowledged writes may wait for
+# Write-behind (see fuse/csrc/behind.c): how many bytes of acknowledged writes may wait for
 # Python, and the free space on the store's file system below which none may: far
 # more than those writes can take, so that a full disk fails the write itself.
 MAX_BEHIND = 8 << 20
@@ -40,25 +42,22 @@ _request_arrival: ctypes.c_uint64 | None = None
 
 
 class _Hist(ctypes.Structure):
-    """kcache.h's struct hist."""
+    """fastpath.h's struct hist."""
     _fields_ = [("sum_ns", ctypes.c_uint64), ("max_ns", ctypes.c_uint64),
                 ("errors", ctypes.c_uint64), ("buckets", ctypes.c_uint64 * BUCKETS)]
 
 
-# kcache.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
+# fastpath.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
 STATS_KINDS = ("write", "write_early", "read", "fsync")
 
 
+LIBRARY = "libfastpath.so"  # setup.py builds it beside this module (no Python extension)
+
+
 def _library_path() -> str | None:
-    """The built library: next to this module, or in the package root (where setup.py
-    put it before the C sources moved under fuse/csrc/)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for where in (here, os.path.dirname(here)):
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            found = glob.glob(os.path.join(where, "_kcache" + suffix))
-            if found:
-                return found[0]
-    return None
+    """The built library, beside this module."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY)
+    return path if os.path.exists(path) else None
 
 
 def preload() -> None:
@@ -67,46 +66,46 @@ def preload() -> None:
     if _lib is not None:
         return
     if "pyfuse3" in sys.modules:
-        log.warning("pyfuse3 was imported before the kernel-cache library: directory "
+        log.warning("pyfuse3 was imported before the fast path library: directory "
                     "listings will not be cached by the kernel")
         return
     path = _library_path()
     if path is None:
-        log.warning("kernel-cache library not built (run 'make install'): directory "
+        log.warning("fast path library not built (run 'make install'): directory "
                     "listings will not be cached by the kernel")
         return
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     except OSError as e:
-        log.warning("kernel-cache library %s not loaded: %s", path, e)
+        log.warning("fast path library %s not loaded: %s", path, e)
         return
-    lib.kcache_configure.argtypes = [ctypes.c_uint64]
-    lib.kcache_configure(CONTROL_INO_BASE)
-    lib.kcache_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
-    lib.kcache_warm_tree.argtypes = [ctypes.c_int]
-    lib.kcache_wait_queued.argtypes = [ctypes.c_long]
-    lib.kcache_wait_queued.restype = ctypes.c_int
+    lib.fastpath_configure.argtypes = [ctypes.c_uint64]
+    lib.fastpath_configure(CONTROL_INO_BASE)
+    lib.fastpath_write_behind.argtypes = [ctypes.c_int] + [ctypes.c_uint64] * 5
+    lib.fastpath_warm_tree.argtypes = [ctypes.c_int]
+    lib.fastpath_wait_queued.argtypes = [ctypes.c_long]
+    lib.fastpath_wait_queued.restype = ctypes.c_int
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    lib.kcache_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
-    lib.kcache_publish_dir_attrs.restype = None
-    lib.kcache_drop_dir_attrs.restype = None
-    lib.kcache_serve_promptly.restype = ctypes.c_int
-    lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
-    lib.kcache_notify_inc_epoch.argtypes = []
-    lib.kcache_notify_inc_epoch.restype = ctypes.c_int
-    lib.kcache_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+    lib.fastpath_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
+    lib.fastpath_publish_dir_attrs.restype = None
+    lib.fastpath_drop_dir_attrs.restype = None
+    lib.fastpath_serve_promptly.restype = ctypes.c_int
+    lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.fastpath_notify_inc_epoch.argtypes = []
+    lib.fastpath_notify_inc_epoch.restype = ctypes.c_int
+    lib.fastpath_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                                ctypes.c_int]
-    lib.kcache_notify_inval_inodes.restype = ctypes.c_long
-    lib.kcache_hist_bucket.restype = ctypes.c_uint
+    lib.fastpath_notify_inval_inodes.restype = ctypes.c_long
+    lib.fastpath_hist_bucket.restype = ctypes.c_uint
     global _request_pid, _request_seq, _request_next, _request_arrival
-    _request_pid = ctypes.c_int.in_dll(lib, "kcache_request_pid")
-    _request_seq = ctypes.c_uint64.in_dll(lib, "kcache_request_seq")
-    _request_next = ctypes.c_uint64.in_dll(lib, "kcache_request_next")
-    _request_arrival = ctypes.c_uint64.in_dll(lib, "kcache_request_arrival")
+    _request_pid = ctypes.c_int.in_dll(lib, "fastpath_request_pid")
+    _request_seq = ctypes.c_uint64.in_dll(lib, "fastpath_request_seq")
+    _request_next = ctypes.c_uint64.in_dll(lib, "fastpath_request_next")
+    _request_arrival = ctypes.c_uint64.in_dll(lib, "fastpath_request_arrival")
     _lib = lib
 
 
-def speed_up_loop(pyfuse3: Any) -> None:
+def speed_up_loop(pyfuse3: Any) -> None:  # (the module: a private function of it is replaced)
     """Have pyfuse3's loop take the next request without a trip through trio.
 
     pyfuse3 waits for each request in trio (a lock, epoll, a reschedule), which
@@ -122,7 +121,7 @@ def speed_up_loop(pyfuse3: Any) -> None:
             or not pyfuse3.__version__.startswith("3."):
         log.info("pyfuse3's loop left as it is")
         return
-    wait_queued = _lib.kcache_wait_queued
+    wait_queued = _lib.fastpath_wait_queued
     streak = 0
     # after a watch that found nothing, every task (pyfuse3 runs several) waits in
     # trio until a request comes that way, so that no other one holds trio up again
@@ -147,12 +146,12 @@ def serve_promptly() -> bool:
     """Give the calling thread (the one that runs pyfuse3's loop) the scheduler's
     shortest slice, as C's reader thread has (queue.c): it preempts other work on the
     host when a request wakes it. Threads it starts from now on get the default."""
-    return _lib is not None and _lib.kcache_serve_promptly() == 0
+    return _lib is not None and _lib.fastpath_serve_promptly() == 0
 
 
 def requests_waiting() -> bool:
     """Whether requests are queued for pyfuse3 (False without the library)."""
-    return _lib is not None and bool(_lib.kcache_wait_queued(0))
+    return _lib is not None and bool(_lib.fastpath_wait_queued(0))
 
 
 def loaded() -> bool:
@@ -162,7 +161,7 @@ def loaded() -> bool:
 
 def active() -> bool:
     """Whether the mounted session's handlers go through the library."""
-    return _lib is not None and _lib.kcache_sessions_wrapped() > 0
+    return _lib is not None and _lib.fastpath_sessions_wrapped() > 0
 
 
 def request_pid() -> int:
@@ -172,7 +171,7 @@ def request_pid() -> int:
 
 def request_logged() -> tuple[int, int] | None:
     """For a write request acknowledged already: its record in the write-behind log
-    and where the next record starts (behind.py); None for any other write."""
+    and where the next record starts (writebehind.py); None for any other write."""
     if _request_seq is None or not _request_seq.value:
         return None
     return _request_seq.value, _request_next.value  # type: ignore[union-attr]  # bound together with _request_seq
@@ -183,17 +182,16 @@ def request_arrival() -> int:
     return _request_arrival.value if _request_arrival is not None else 0
 
 
-def request_latency() -> dict[str, Any] | None:
+def request_latency() -> RequestLatency | None:
     """The reply latency of the reads, writes and fsyncs C has timed (stats.c), by kind (STATS_KINDS),
     and "untimed": how many it could not time; None when the library serves no session."""
     if _lib is None or not active():
         return None
-    raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "kcache_stats")
-    out: dict[str, Any] = {}
-    for name, h in zip(STATS_KINDS, raw):
-        out[name] = Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
-    out["untimed"] = ctypes.c_uint64.in_dll(_lib, "kcache_stats_untimed").value
-    return out
+    raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "fastpath_stats")
+    write, write_early, read, fsync = (Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
+                                       for h in raw)  # (in STATS_KINDS order)
+    return {"write": write, "write_early": write_early, "read": read, "fsync": fsync,
+            "untimed": ctypes.c_uint64.in_dll(_lib, "fastpath_stats_untimed").value}
 
 
 def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
@@ -201,7 +199,7 @@ def write_behind(log_fd: int, size: int, seq: int, offset: int) -> None:
     (in the store, mapped; size bytes) from record number seq at offset on."""
     if _lib is None or not active():
         return
-    err = _lib.kcache_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
+    err = _lib.fastpath_write_behind(log_fd, size, seq, offset, MAX_BEHIND, MIN_FREE)
     if err:
         log.warning("write-behind left off: %s", os.strerror(-err))
 
@@ -211,20 +209,25 @@ def warm_tree(dir_fd: int) -> bool:
     daemon's first lookups on a cold cache then find the repo's inodes read. False
     when it did not start (the mount is not served by the library yet, or never)."""
     if _lib is not None and active():
-        _lib.kcache_warm_tree(dir_fd)
+        _lib.fastpath_warm_tree(dir_fd)
         return True
     return False
 
 
-def read_ahead() -> dict[str, Any] | None:
+class ReadAhead(TypedDict):
+    dirs: int  # directories listed so far
+    done: bool  # whether the walk has ended
+
+
+def read_ahead() -> ReadAhead | None:
     """How far warm_tree got: directories listed, and whether the walk has ended."""
     if _lib is None or not active():
         return None
-    return {"dirs": ctypes.c_uint64.in_dll(_lib, "kcache_warmed_dirs").value,
-            "done": bool(ctypes.c_int.in_dll(_lib, "kcache_warm_done").value)}
+    return {"dirs": ctypes.c_uint64.in_dll(_lib, "fastpath_warmed_dirs").value,
+            "done": bool(ctypes.c_int.in_dll(_lib, "fastpath_warm_done").value)}
 
 
-def publish_dir_attrs(a: Any) -> None:
+def publish_dir_attrs(a: EntryAttributes) -> None:
     """Have C answer the directory's next GETATTRs with a (pyfuse3.EntryAttributes, what
     Python's getattr answers now) until a request that may change anything comes:
     called by a request that changed the directory, before its reply (dirattrs.c)."""
@@ -233,7 +236,7 @@ def publish_dir_attrs(a: Any) -> None:
     atime, atime_ns = divmod(a.st_atime_ns, 10**9)  # (unsigned in pyfuse3, split alike)
     mtime, mtime_ns = divmod(a.st_mtime_ns, 10**9)
     ctime, ctime_ns = divmod(a.st_ctime_ns, 10**9)
-    _lib.kcache_publish_dir_attrs(a.st_ino, a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev,
+    _lib.fastpath_publish_dir_attrs(a.st_ino, a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev,
                                   a.st_size, a.st_blocks, a.st_blksize, atime, atime_ns, mtime,
                                   mtime_ns, ctime, ctime_ns,
                                   int(a.attr_timeout))
@@ -242,14 +245,14 @@ def publish_dir_attrs(a: Any) -> None:
 def drop_dir_attrs() -> None:
     """Forget what publish_dir_attrs published: the daemon changed the tree itself."""
     if _lib is not None:
-        _lib.kcache_drop_dir_attrs()
+        _lib.fastpath_drop_dir_attrs()
 
 
 def dir_attrs_answered() -> int:
     """How many GETATTRs C answered from published directory attributes."""
     if _lib is None:
         return 0
-    return ctypes.c_uint64.in_dll(_lib, "kcache_dir_attrs_answered").value
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_dir_attrs_answered").value
 
 
 def notify_inc_epoch() -> int:
@@ -259,7 +262,7 @@ def notify_inc_epoch() -> int:
     session."""
     if _lib is None or not active():
         return errno.ENOTCONN
-    return -_lib.kcache_notify_inc_epoch()
+    return -_lib.fastpath_notify_inc_epoch()
 
 
 def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | None:
@@ -270,7 +273,7 @@ def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | Non
     if _lib is None or not active():
         return None
     arr = (ctypes.c_uint64 * len(inodes))(*inodes)
-    had = _lib.kcache_notify_inval_inodes(arr, len(inodes), int(attr_only))
+    had = _lib.fastpath_notify_inval_inodes(arr, len(inodes), int(attr_only))
     if had < 0:
         raise OSError(-had, os.strerror(-had))
     return int(had)
@@ -279,4 +282,4 @@ def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | Non
 def stop_write_behind() -> None:
     """From now on every write waits for Python again."""
     if _lib is not None:
-        _lib.kcache_write_behind(-1, 0, 0, 0, 0, 0)
+        _lib.fastpath_write_behind(-1, 0, 0, 0, 0, 0)

@@ -1,14 +1,13 @@
 """The constants the C library (overlayckpt/fuse/csrc) and Python must agree on,
 read from the built library itself rather than trusted to comments: the marked
 handle, the write-behind mark (which must be CONTROL_INO_BASE, above every repo
-inode), and the layout of a write-behind log record that behind.py replays.
+inode), and the layout of a write-behind log record that writebehind.py replays.
 
 No mount, no root: the library is only loaded, never asked to serve a session.
 """
 from __future__ import annotations
 
 import ctypes
-import glob
 import importlib
 import importlib.machinery
 import os
@@ -23,8 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where each Python name lives
 KERNEL_HANDLE_IN = ["overlayckpt.fuse.ops"]
 CONTROL_INO_BASE_IN = ["overlayckpt.records"]
-BEHIND_IN = ["overlayckpt.core.behind"]
-KCACHE_IN = ["overlayckpt.fuse.kcache"]
+BEHIND_IN = ["overlayckpt.core.writebehind"]
+FASTPATH_IN = ["overlayckpt.fuse.fastpath"]
 
 
 def python_constant(modules: list[str], name: str) -> Any:
@@ -43,8 +42,8 @@ def python_constant(modules: list[str], name: str) -> Any:
 
 
 def library_path() -> str | None:
-    """The built overlayckpt._kcache, looked for as kcache.py does: next to the
-    package in the repo, else next to the overlayckpt that imports."""
+    """The built overlayckpt/fuse/libfastpath.so, looked for as fastpath.py does (beside
+    it): in the repo, else beside the overlayckpt that imports."""
     dirs = [os.path.join(REPO, "overlayckpt")]
     try:
         import overlayckpt
@@ -52,10 +51,9 @@ def library_path() -> str | None:
     except ImportError:
         pass
     for here in dirs:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            found = glob.glob(os.path.join(here, "_kcache" + suffix))
-            if found:
-                return found[0]
+        found = os.path.join(here, "fuse", "libfastpath.so")
+        if os.path.exists(found):
+            return found
     return None
 
 
@@ -63,7 +61,7 @@ def library_path() -> str | None:
 def lib() -> ctypes.CDLL:
     path = library_path()
     if path is None:
-        pytest.fail("the kernel-cache library is not built (run 'make install')")
+        pytest.fail("the fast path library is not built (run 'make install')")
     return ctypes.CDLL(path)  # RTLD_LOCAL: it stands in for libfuse in no one's place
 
 
@@ -87,29 +85,29 @@ def struct_layout(s: struct.Struct) -> list[tuple[int, int]]:
 
 
 def test_kernel_handle(lib: ctypes.CDLL) -> None:
-    assert c_u64(lib, "kcache_KERNEL_HANDLE") == python_constant(KERNEL_HANDLE_IN, "KERNEL_HANDLE")
+    assert c_u64(lib, "fastpath_KERNEL_HANDLE") == python_constant(KERNEL_HANDLE_IN, "KERNEL_HANDLE")
 
 
 def test_acknowledged_is_the_control_inode_base(lib: ctypes.CDLL) -> None:
-    acknowledged = c_u64(lib, "kcache_ACKNOWLEDGED")
+    acknowledged = c_u64(lib, "fastpath_ACKNOWLEDGED")
     assert acknowledged == python_constant(CONTROL_INO_BASE_IN, "CONTROL_INO_BASE")
     # one bit, which no handle C hands out for a repo inode (below it) can carry
     assert acknowledged & (acknowledged - 1) == 0
-    assert acknowledged & c_u64(lib, "kcache_KERNEL_HANDLE") == 0
+    assert acknowledged & c_u64(lib, "fastpath_KERNEL_HANDLE") == 0
 
 
 def test_write_behind_record_layout(lib: ctypes.CDLL) -> None:
     header = python_constant(BEHIND_IN, "HEADER")
-    assert c_u32(lib, "kcache_RECORD_SIZE") == header.size
-    count = c_u32(lib, "kcache_RECORD_FIELDS")
-    table = (ctypes.c_uint32 * 2 * count).in_dll(lib, "kcache_RECORD_LAYOUT")
+    assert c_u32(lib, "fastpath_RECORD_SIZE") == header.size
+    count = c_u32(lib, "fastpath_RECORD_FIELDS")
+    table = (ctypes.c_uint32 * 2 * count).in_dll(lib, "fastpath_RECORD_LAYOUT")
     c_fields = [(row[0], row[1]) for row in table]
-    # seq, ino, off, size, pid: the order behind.py unpacks them in
+    # seq, ino, off, size, pid: the order writebehind.py unpacks them in
     assert c_fields == struct_layout(header)
 
 
 def test_wrapped(lib: ctypes.CDLL) -> None:
-    assert c_u32(lib, "kcache_WRAPPED") == python_constant(BEHIND_IN, "WRAPPED")
+    assert c_u32(lib, "fastpath_WRAPPED") == python_constant(BEHIND_IN, "WRAPPED")
 
 
 def test_log_holds_what_may_wait(lib: ctypes.CDLL) -> None:
@@ -119,31 +117,31 @@ def test_log_holds_what_may_wait(lib: ctypes.CDLL) -> None:
     the store has deferred (Store.defer): C counts a write done once Python answers it."""
     header = python_constant(BEHIND_IN, "HEADER")
     log_size = python_constant(BEHIND_IN, "LOG_SIZE")
-    max_behind = python_constant(KCACHE_IN, "MAX_BEHIND")
+    max_behind = python_constant(FASTPATH_IN, "MAX_BEHIND")
     deferred = python_constant(["overlayckpt.store.lmdbstore"], "MAX_DEFERRED_BYTES")
-    largest = max_behind // c_u32(lib, "kcache_LARGEST_WRITE_SHARE")
+    largest = max_behind // c_u32(lib, "fastpath_LARGEST_WRITE_SHARE")
     # a deferred write stays deferred until MAX_DEFERRED_BYTES is reached: one more record
     records = max_behind + deferred + header.size + largest
     assert log_size > 2 * records + header.size + (largest + 7) // 8 * 8
 
 
 def test_histogram_layout(lib: ctypes.CDLL) -> None:
-    """stats.c's histograms are read through kcache._Hist and bucketed as core/latency.py
+    """stats.c's histograms are read through fastpath._Hist and bucketed as core/latency.py
     reads them back."""
     latency = importlib.import_module("overlayckpt.core.latency")
-    kcache = importlib.import_module("overlayckpt.fuse.kcache")
-    assert c_u32(lib, "kcache_HIST_SUB_BITS") == latency.SUB_BITS
-    assert c_u32(lib, "kcache_HIST_BUCKETS") == latency.BUCKETS
-    assert c_u32(lib, "kcache_HIST_SIZE") == ctypes.sizeof(kcache._Hist)
-    assert c_u32(lib, "kcache_STATS_KINDS") == len(kcache.STATS_KINDS)
+    fastpath = importlib.import_module("overlayckpt.fuse.fastpath")
+    assert c_u32(lib, "fastpath_HIST_SUB_BITS") == latency.SUB_BITS
+    assert c_u32(lib, "fastpath_HIST_BUCKETS") == latency.BUCKETS
+    assert c_u32(lib, "fastpath_HIST_SIZE") == ctypes.sizeof(fastpath._Hist)
+    assert c_u32(lib, "fastpath_STATS_KINDS") == len(fastpath.STATS_KINDS)
 
 
 def test_histogram_buckets_agree(lib: ctypes.CDLL) -> None:
     latency = importlib.import_module("overlayckpt.core.latency")
-    lib.kcache_hist_bucket.argtypes = [ctypes.c_uint64]
-    lib.kcache_hist_bucket.restype = ctypes.c_uint
+    lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
+    lib.fastpath_hist_bucket.restype = ctypes.c_uint
     values = [0, 1, 15, 16, 17, 31, 32, 1023, 1024, 1025, 999_999, 10**6, 10**9, 10**11, 2**37,
               2**37 - 1, 2**40, 2**63]
     values += [(1 << k) + d for k in range(4, 62) for d in (-1, 0, 1, 1 << (k - 4))]
     for v in values:
-        assert lib.kcache_hist_bucket(v) == latency.bucket_of(v), v
+        assert lib.fastpath_hist_bucket(v) == latency.bucket_of(v), v

@@ -6,8 +6,8 @@ the hook has verified.
 The hook (the compiled overlayckpt/bin/overlayckpt-hook, or `overlayckpt hook` in
 Python) appends the event as it came, wrapped as {"hook": AGENT, "event": EVENT}; the
 daemon turns that into the conversation line (hook_line, event_to_line), so both hooks
-log the same lines and the parsing lives in one place. Installing hooks and the MCP server: core/agent_settings.py;
-the agents' transcripts cut back to a checkpoint: core/transcripts.py.
+log the same lines and the parsing lives in one place. Installing hooks and the MCP server: agents/settings.py;
+the agents' transcripts cut back to a checkpoint: agents/transcripts.py.
 
 The hook must never break the agent: whatever goes wrong, it prints at most
 one line on stderr and exits 0, quickly.
@@ -19,7 +19,8 @@ import os
 import re
 import stat
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TextIO
 
 # The hook process imports this module alone (see overlayckpt/__main__.py), compiled
 # from source where no .pyc is written: keep it to what a hook needs, imports and code.
@@ -51,7 +52,7 @@ MCP_ARGS = ["-P", "-m", "overlayckpt", "mcp"]
 TURN_FINISHED = "(turn finished)"  # a Stop event without the assistant's last message
 
 
-def _short(value: Any, limit: int = 300) -> str:
+def _short(value: object, limit: int = 300) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -65,7 +66,7 @@ def _patch_brief(command: str) -> str | None:
     return "apply_patch " + ", ".join(files) if files else None
 
 
-def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
+def _tool_brief(tool: str, tool_input: object, cwd: object) -> str:
     if isinstance(tool_input, dict) and isinstance(tool_input.get("command"), str):
         patch = _patch_brief(tool_input["command"])
         if patch:
@@ -81,14 +82,14 @@ def _tool_brief(tool: str, tool_input: Any, cwd: Any) -> str:
     return tool
 
 
-def _event_cwd(event: dict[str, Any]) -> Any:
+def _event_cwd(event: Mapping[str, object]) -> object:
     roots = event.get("workspace_roots")  # Cursor's, for events without a cwd
     if not event.get("cwd") and isinstance(roots, list) and roots:
         return roots[0]
     return event.get("cwd")
 
 
-def _as_claude(event: dict[str, Any], agent: str) -> dict[str, Any]:
+def _as_claude(event: Mapping[str, object], agent: str) -> dict[str, object]:
     """A Gemini CLI or Cursor hook event in Claude Code's fields (fields as their docs
     name them: Gemini's hooks reference, Cursor's hooks page)."""
     name = event.get("hook_event_name")
@@ -96,9 +97,10 @@ def _as_claude(event: dict[str, Any], agent: str) -> dict[str, Any]:
     if agent == "cursor":
         out["session_id"] = event.get("conversation_id")
         out["cwd"] = _event_cwd(event)
-        if isinstance(event.get("tool_input"), str):  # MCP tools' input comes as JSON text
+        tool_input = event.get("tool_input")
+        if isinstance(tool_input, str):  # MCP tools' input comes as JSON text
             try:
-                out["tool_input"] = json.loads(event["tool_input"])
+                out["tool_input"] = json.loads(tool_input)
             except ValueError:
                 pass
         out["tool_response"] = event.get("tool_output")
@@ -116,12 +118,12 @@ def _as_claude(event: dict[str, Any], agent: str) -> dict[str, Any]:
     return out
 
 
-def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str, Any] | None:
+def event_to_line(event: Mapping[str, object], agent: str = "claude-code") -> dict[str, object] | None:
     """One conversation line for an agent's hook event (None: nothing to log)."""
     if agent in ("gemini", "cursor"):
         event = _as_claude(event, agent)
     name = event.get("hook_event_name")
-    common = {"agent": agent, "event": name, "session_id": event.get("session_id"),
+    common: dict[str, object] = {"agent": agent, "event": name, "session_id": event.get("session_id"),
               "transcript_path": event.get("transcript_path")}
     if event.get("agent_event"):
         common["agent_event"] = event["agent_event"]
@@ -138,7 +140,7 @@ def event_to_line(event: dict[str, Any], agent: str = "claude-code") -> dict[str
                 "tool_use_id": event.get("tool_use_id"), **common}
     if name == "PostToolUseFailure":
         tool = str(event.get("tool_name", "?"))
-        line = {"role": "tool", "tool": tool, "content": _short(event.get("error", "")),
+        line: dict[str, object] = {"role": "tool", "tool": tool, "content": _short(event.get("error", "")),
                 "failed": True, "tool_use_id": event.get("tool_use_id"), **common}
         if event.get("is_interrupt"):
             line["interrupted"] = True
@@ -186,7 +188,7 @@ def our_mounts() -> dict[str, int]:
     return out
 
 
-def find_mount_for(cwd: str | None, mounts: dict[str, int] | None = None) -> str | None:
+def find_mount_for(cwd: object, mounts: dict[str, int] | None = None) -> str | None:
     """The innermost of this user's overlayckpt mountpoints that holds cwd, or None."""
     mounts = our_mounts() if mounts is None else mounts
     if not mounts:
@@ -201,7 +203,7 @@ def find_mount_for(cwd: str | None, mounts: dict[str, int] | None = None) -> str
         d = parent
 
 
-def open_conversation(mount: str | None, cwd: Any) -> int | None:
+def open_conversation(mount: str | None, cwd: object) -> int | None:
     """An fd appending to the conversation of a verified live mount: mount (--mount or
     OVERLAYCKPT_MOUNT) if given, else the one holding cwd; None if there is none.
 
@@ -260,7 +262,7 @@ def hook_main(argv: list[str]) -> int | None:
     return run_hook(sys.stdin, mount, rest[0])
 
 
-def hook_line(wrapped: dict[str, Any]) -> dict[str, Any] | None:
+def hook_line(wrapped: Mapping[str, object]) -> dict[str, object] | None:
     """The conversation line of a wrapped hook event {"hook": AGENT, "event": EVENT}, as
     the hooks write it (None: an event we do not log). The daemon runs this on whatever
     is written to the conversation (the agent can write anything there): ValueError
@@ -274,12 +276,12 @@ def hook_line(wrapped: dict[str, Any]) -> dict[str, Any] | None:
         raise ValueError("the hook event is nested too deeply") from None
 
 
-def run_hook(stdin: Any, mount: str | None, agent: str = "claude-code") -> int:
+def run_hook(stdin: TextIO, mount: str | None, agent: str = "claude-code") -> int:
     try:
         raw = stdin.read(MAX_EVENT + 1)
         if len(raw) > MAX_EVENT:
             raise ValueError("event larger than 4 MiB")
-        event = json.loads(raw)
+        event: object = json.loads(raw)
         if not isinstance(event, dict):
             raise ValueError("event is not a JSON object")
         if agent in ("gemini", "cursor"):

@@ -9,11 +9,36 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any
+from collections.abc import Mapping
+from typing import NoReturn, TypedDict
 
-from overlayckpt.core.agents import AGENT_EVENTS, HOOK_MARK, MCP_ARGS, MCP_NAME, TOOL_EVENTS
+from overlayckpt.agents.hooks import AGENT_EVENTS, HOOK_MARK, MCP_ARGS, MCP_NAME, TOOL_EVENTS
 
 HOOK_PROGRAM = "overlayckpt-hook"
+
+
+class CommandHook(TypedDict, total=False):
+    """One hook command as we install it (Claude, Codex, qwen and Gemini read these)."""
+    type: str
+    command: str
+    timeout: int  # seconds, milliseconds for Gemini and qwen
+    name: str  # Gemini's
+
+
+class HookEntry(TypedDict, total=False):
+    """An entry of an event's list in the agent's hooks file: our commands, with a tool
+    matcher for tool events; Cursor's entries are the command itself."""
+    hooks: list[CommandHook]
+    matcher: str
+    command: str
+
+
+class McpServer(TypedDict, total=False):
+    """Our entry in the agent's mcpServers."""
+    type: str
+    command: str
+    args: list[str]
+    env: dict[str, str]
 
 
 def hook_program() -> str | None:
@@ -60,14 +85,14 @@ def mcp_config_path(agent: str, hooks_path: str) -> str | None:
     return None
 
 
-def _our_command(command: Any) -> bool:
+def _our_command(command: object) -> bool:
     """A hook command we installed: `PYTHON -P -m overlayckpt hook AGENT` or the
     compiled `.../overlayckpt/bin/overlayckpt-hook AGENT`."""
     text = str(command)
     return HOOK_MARK in text or f"/{HOOK_PROGRAM} " in text
 
 
-def _is_ours(entry: Any) -> bool:
+def _is_ours(entry: object) -> bool:
     if not isinstance(entry, dict):
         return False
     if _our_command(entry.get("command", "")):  # Cursor's entries are the commands
@@ -77,12 +102,13 @@ def _is_ours(entry: Any) -> bool:
                                            for h in hooks)
 
 
-def _read_settings(path: str) -> dict[str, Any]:
+def _read_settings(path: str) -> dict[str, object]:
+    """The JSON object in the user's settings file at path (empty if there is none)."""
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         try:
-            settings = json.load(f)
+            settings: object = json.load(f)
         except ValueError as e:
             from overlayckpt.errors import UserError
             raise UserError(f"{path} is not valid JSON ({e}): fix it first") from None
@@ -133,28 +159,41 @@ def _replace_file(path: str, text: str) -> None:
         raise
 
 
-def _write_settings(path: str, settings: dict[str, Any]) -> None:
+def _write_settings(path: str, settings: Mapping[str, object]) -> None:
     _replace_file(path, json.dumps(settings, indent=2) + "\n")
 
 
-def _member(obj: dict[str, Any], key: str, kind: type, path: str) -> Any:
-    """obj[key], made empty if missing; a value of another type is the user's to fix."""
-    value = obj.setdefault(key, kind())
-    if not isinstance(value, kind):
-        from overlayckpt.errors import UserError
-        raise UserError(f"{path}: {key!r} is not a JSON {'object' if kind is dict else 'array'}: fix it first")
+def _object_member(obj: dict[str, object], key: str, path: str) -> dict[str, object]:
+    """obj[key], a JSON object, made empty if missing; a value of another type is the
+    user's to fix."""
+    value = obj.setdefault(key, {})
+    if not isinstance(value, dict):
+        _not_a(path, key, "object")
     return value
 
 
-def _hook_entry(agent: str, event: str, command: str) -> dict[str, Any]:
+def _array_member(obj: dict[str, object], key: str, path: str) -> list[object]:
+    """obj[key], a JSON array, made empty if missing; as _object_member."""
+    value = obj.setdefault(key, [])
+    if not isinstance(value, list):
+        _not_a(path, key, "array")
+    return value
+
+
+def _not_a(path: str, key: str, kind: str) -> NoReturn:
+    from overlayckpt.errors import UserError
+    raise UserError(f"{path}: {key!r} is not a JSON {kind}: fix it first")
+
+
+def _hook_entry(agent: str, event: str, command: str) -> HookEntry:
     if agent == "cursor":
         return {"command": command}  # (its timeout's unit is not documented clearly: its default)
-    hook: dict[str, Any] = {"type": "command", "command": command, "timeout": 10}
+    hook: CommandHook = {"type": "command", "command": command, "timeout": 10}
     if agent == "gemini":
-        hook.update(name="overlayckpt", timeout=10_000)  # milliseconds; no matcher: every tool
+        hook["name"], hook["timeout"] = "overlayckpt", 10_000  # milliseconds; no matcher: every tool
     if agent == "qwen":
         hook["timeout"] = 10_000  # qwen reads Claude's hooks, but its timeouts in milliseconds
-    entry: dict[str, Any] = {"hooks": [hook]}
+    entry: HookEntry = {"hooks": [hook]}
     if agent in ("claude-code", "codex", "qwen") and event in TOOL_EVENTS:
         entry["matcher"] = "*"
     return entry
@@ -171,14 +210,14 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     settings = _read_settings(path)
     if agent == "cursor":
         settings.setdefault("version", 1)
-    hooks = _member(settings, "hooks", dict, path)
+    hooks = _object_member(settings, "hooks", path)
     # Every hook stays synchronous (no "async": true): the conversation is kept in the
     # order its lines arrive, and a call's line must land before its changes, its result
     # before the next call (parallel tool calls are milliseconds apart), a prompt before
     # the first call it causes; `claude -p` may exit before a background Stop hook ends.
     # The compiled hook answers in about a millisecond (bench/hook.py).
     for event in AGENT_EVENTS[agent]:
-        entries = _member(hooks, event, list, path)
+        entries = _array_member(hooks, event, path)
         ours = [i for i, e in enumerate(entries) if _is_ours(e)]
         if ours:  # an earlier install's command (say, without -P) becomes this one, in place
             entries[ours[0]] = _hook_entry(agent, event, command)
@@ -188,12 +227,12 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     if agent == "gemini":
         # Gemini shows "Executing Hooks: overlayckpt, ..." in its status row for every
         # hook run, two per tool call; a choice the user made is kept
-        _member(settings, "hooksConfig", dict, path).setdefault("notifications", False)
+        _object_member(settings, "hooksConfig", path).setdefault("notifications", False)
     _write_settings(path, settings)
     return path
 
 
-def _drop_our_hooks(settings: dict[str, Any]) -> bool:
+def _drop_our_hooks(settings: dict[str, object]) -> bool:
     """Take our entries out of settings["hooks"]; True if any were there."""
     hooks = settings.get("hooks")
     if not isinstance(hooks, dict):
@@ -245,7 +284,7 @@ def remove_project_hooks(project: str) -> str | None:
 CODEX_MCP_TABLE = f"[mcp_servers.{MCP_NAME}]"
 
 
-def _codex_toml(path: str) -> tuple[str, dict[str, Any]]:
+def _codex_toml(path: str) -> tuple[str, dict[str, object]]:
     import tomllib
     text = ""
     if os.path.exists(path):
@@ -256,6 +295,12 @@ def _codex_toml(path: str) -> tuple[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as e:
         from overlayckpt.errors import UserError
         raise UserError(f"{path} is not valid TOML ({e}): fix it first") from None
+
+
+def _codex_has_ours(config: Mapping[str, object]) -> bool:
+    """Whether the parsed config.toml names our MCP server."""
+    servers = config.get("mcp_servers")
+    return isinstance(servers, dict) and MCP_NAME in servers
 
 
 def _without_codex_table(text: str) -> str:
@@ -275,16 +320,16 @@ def install_mcp(path: str, python: str, agent: str) -> str:
     the mount from the directory the agent starts it in."""
     if agent == "codex":  # TOML: the table appended as text, so the user's file stays as written
         text, config = _codex_toml(path)
-        if MCP_NAME in (config.get("mcp_servers") or {}):
+        if _codex_has_ours(config):
             text = _without_codex_table(text)
         table = f'{CODEX_MCP_TABLE}\ncommand = {json.dumps(python)}\nargs = {json.dumps(MCP_ARGS)}\n'
         _replace_file(path, (text.rstrip("\n") + "\n\n" if text.strip() else "") + table)
         return path
     settings = _read_settings(path)
-    servers = _member(settings, "mcpServers", dict, path)
-    server: dict[str, Any] = {"command": python, "args": MCP_ARGS}
+    servers = _object_member(settings, "mcpServers", path)
+    server: McpServer = {"command": python, "args": MCP_ARGS}
     if agent == "claude-code":
-        server = {"type": "stdio", **server, "env": {}}
+        server = {"type": "stdio", "command": python, "args": MCP_ARGS, "env": {}}
     servers[MCP_NAME] = server
     _write_settings(path, settings)
     return path
@@ -295,7 +340,7 @@ def uninstall_mcp(path: str) -> bool:
         return False
     if path.endswith(".toml"):
         text, config = _codex_toml(path)
-        if MCP_NAME not in (config.get("mcp_servers") or {}):
+        if not _codex_has_ours(config):
             return False
         _replace_file(path, _without_codex_table(text))
         return True

@@ -1,4 +1,5 @@
-"""The write-behind log: writes that _kcache.c acknowledged before Python stored them.
+"""The write-behind log: writes that the fast path library (fuse/csrc/behind.c)
+acknowledged before Python stored them.
 
 The reader thread copies each such write into this file (mapped shared, so it
 outlives a killed daemon) before it answers the writer. Python stores the write
@@ -31,8 +32,8 @@ from overlayckpt.tables import META, WRITE_BEHIND_KEY
 
 log = logging.getLogger(__name__)
 
-LOG_NAME = "behind.log"
-# more than twice what may wait unstored (kcache.MAX_BEHIND, and the store's
+LOG_NAME = "behind.log"  # (a store file: its name stays whatever this module is called)
+# more than twice what may wait unstored (fastpath.MAX_BEHIND, and the store's
 # MAX_DEFERRED_BYTES) plus the largest write C takes (a quarter of MAX_BEHIND)
 LOG_SIZE = 32 << 20
 HEADER = struct.Struct("=QQQII")
