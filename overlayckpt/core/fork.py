@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from overlayckpt.core.conversation import chain
+from overlayckpt.core.delta import differing
 from overlayckpt.core.history import AtCheckpoint
-from overlayckpt.core.timeline import FileChange, Timeline, _differing
+from overlayckpt.core.timeline import FileChange, Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import Store, forks_of, parent_of
@@ -148,7 +149,7 @@ def changes_between(tl: Timeline, ra: ReadTxn, a: Checkpoint | None, rb: ReadTxn
         for state, ck in ((ra, a), (rb, b)):
             for k, _ in entries_at(state, ck.seq if ck else None, table):
                 keys.add((table, k))
-    differ, one_sided = _differing(sa.get, sb.get, keys)
+    differ, one_sided = differing(sa.get, sb.get, keys)
     out = tl._file_changes(sa, sb, set(differ), one_sided, content=True)
     if only:
         wanted = [p.strip("/") for p in only]

@@ -1,7 +1,7 @@
 """Overlay inodes no name leads to any more: gc deletes them.
 
 A restore leaves the inodes that did not exist at its target as they are
-(timeline.py's _unborn_left), their entries too: no directory of the tree it
+(delta.py's unborn_left), their entries too: no directory of the tree it
 puts back names them, and the restore back names them again with one entry. An
 entry counts only in a directory of the tree (named_of, for fsck too): one in
 such a directory may name a repo file moved back out, without a record. gc

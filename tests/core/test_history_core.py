@@ -535,14 +535,14 @@ async def test_a_restore_takes_in_thinning_after_it_was_prepared(session: Sessio
 async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
         open_session: Callable[..., Session], repo: Path, listing_after: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """_rows_since skips reading the versions of unborn inodes' keys (those numbered from
+    """rows_since skips reading the versions of unborn inodes' keys (those numbered from
     the checkpoint's inode counter on, without a read): it must find exactly the rows that
-    reading all of them and leaving out the unborn ones (_unborn_left) gives, with the
+    reading all of them and leaving out the unborn ones (unborn_left) gives, with the
     counter and without it (a checkpoint from before format 4). listing_after 1: every
     directory's names born since are checked against one listing of it (_NamesNow)."""
-    from overlayckpt.core import timeline
-    from overlayckpt.core.timeline import TABLE_NAMES, _rows_since, _unborn_left
-    monkeypatch.setattr(timeline, "NAMES_BEFORE_LISTING", listing_after)
+    from overlayckpt.core import delta
+    from overlayckpt.core.delta import TABLE_NAMES, rows_since, unborn_left
+    monkeypatch.setattr(delta, "NAMES_BEFORE_LISTING", listing_after)
     for seed in (3, 11):
         s = open_session(repo, store=repo.parent / f"store-{seed}")
         await _random_history(s, seed, steps=200)
@@ -559,8 +559,8 @@ async def test_a_whole_restore_reads_the_rows_the_rule_keeps(
         for ck in s.store.read(tl.all):
             assert ck.next_ino >= 1 << 48, ck  # (every checkpoint of format 4 has one)
             got, blind, rows = s.store.read(lambda r: (
-                _rows_since(r, ck.seq, ck.next_ino), _rows_since(r, ck.seq), full(r, ck.seq)))
-            assert got == blind == _unborn_left(rows), (seed, ck.id)
+                rows_since(r, ck.seq, ck.next_ino), rows_since(r, ck.seq), full(r, ck.seq)))
+            assert got == blind == unborn_left(rows), (seed, ck.id)
             left_out += len(rows) > len(got)
             by_number += any(from_u64(k[:8]) >= ck.next_ino for _, k in rows)
         assert left_out, "no restore had rows to leave out: the test tests nothing"
