@@ -162,3 +162,12 @@ def test_the_check_passes_a_good_graph() -> None:
         "prompt_toolkit.x"}, "overlayckpt.core.timeline": {"overlayckpt.store.lmdbstore", "trio"},
         "overlayckpt.store.lmdbstore": {"lmdb", "overlayckpt.records"},
         "overlayckpt.records": set()}) == []
+
+
+MAX_MODULE_LINES = 650  # a module past this owns more than one thing: split it along what it owns
+
+
+def test_no_module_is_longer_than_its_limit() -> None:
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"over {MAX_MODULE_LINES} lines: {long}"
