@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # rank of each subpackage or top-level module (the first name below overlayckpt)
 RANKS = {
-    "records": 0, "errors": 0, "tables": 0, "names": 0,
+    "records": 0, "errors": 0, "tables": 0, "names": 0, "messages": 0,
     "store": 1,
     "core": 2,
     "export": 3,

@@ -22,7 +22,7 @@ from overlayckpt.cli.rewind import build_app
 
 def drive(m: Mount, keys: list[str]) -> tuple[object, object]:
     with create_pipe_input() as pipe:
-        app, state = build_app(m.ctl_ok, input=pipe, output=DummyOutput())
+        app, state = build_app(lambda cmd: m.ctl_ok(cmd.to_json()), input=pipe, output=DummyOutput())
         result: dict = {}
 
         def feed() -> None:

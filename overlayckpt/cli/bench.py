@@ -64,6 +64,7 @@ from typing import Any
 
 from overlayckpt.cli import client
 from overlayckpt.errors import UserError
+from overlayckpt.messages import CheckpointRequest, Request, RestoreRequest
 from overlayckpt.names import line_text
 
 SAMPLE_FILES = 300
@@ -439,7 +440,7 @@ class Scratch:
         self.pid = client.status(self.mnt).get("pid")
         self.conn = client.Connection(self.mnt)
 
-    def call(self, cmd: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    def call(self, cmd: Request[Any]) -> tuple[Any, int]:
         assert self.conn is not None
         t0 = time.perf_counter_ns()
         reply = self.conn.call(cmd)
@@ -665,9 +666,9 @@ def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sa
             work.counter += BATCH
             for side in order:
                 work.run(op, side, targets, first)
-        _, ns = scratch.call({"cmd": "checkpoint", "message": f"overlayckpt bench round {rnd + 1}"})
+        _, ns = scratch.call(CheckpointRequest(message=f"overlayckpt bench round {rnd + 1}"))
         checkpoints.append(ns)
-        reply, ns = scratch.call({"cmd": "restore", "id": base_ck, "what": "code"})
+        reply, ns = scratch.call(RestoreRequest(id=base_ck, what="code"))
         restores.append(ns)
         changed.append(int(reply.get("changed_keys") or 0))
         elapsed = time.monotonic() - begin

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 
 from overlayckpt.core import history
 from overlayckpt.core.groups import open_group_spans
+from overlayckpt.messages import FileChange
 from overlayckpt.records import (
     Checkpoint,
     JournalRecord,
@@ -155,7 +156,7 @@ def change_of(r: ReadTxn, ck: Checkpoint, path: str) -> str | None:
     return None if change == GONE else change
 
 
-def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
+def files(r: ReadTxn, ck: Checkpoint) -> list[FileChange]:
     """The net file changes of checkpoint ck's group, by path (rows)."""
     return [{"path": path, "change": change} for path, change in rows(r, ck)]
 
