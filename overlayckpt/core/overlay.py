@@ -25,6 +25,7 @@ from overlayckpt.core.lower import Lower
 from overlayckpt.core.seen import seen_key, seen_record, seen_value
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
+from overlayckpt.messages import Change
 from overlayckpt.records import (
     CONTROL_NAME,
     F_OPAQUE,
@@ -248,7 +249,7 @@ class Overlay(Tree):
             ino, node = self._new_node(m, parent, pnode, mode, uid, gid, rdev, target)
             self._link_entry(m, parent, name, ino)
             self._touch_parent(m, parent, 1 if stat.S_ISDIR(mode) else 0)
-            m.touched(self.child_path(parent, name), "A")
+            m.touched(self.child_path(parent, name), Change.ADDED)
             return ino, node
         return self._mutate(caller, op, fn)
 
@@ -266,7 +267,7 @@ class Overlay(Tree):
             self._save(m, ino, node)
             self._link_entry(m, parent, name, ino)
             self._touch_parent(m, parent)
-            m.touched(self.child_path(parent, name), "A")
+            m.touched(self.child_path(parent, name), Change.ADDED)
             return node
         return self._mutate(caller, "link", fn)
 
@@ -290,7 +291,7 @@ class Overlay(Tree):
             self._save(m, ino, node)
             self._unlink_entry(m, parent, pnode, name)
             self._touch_parent(m, parent, -1 if is_rmdir else 0)
-            m.touched(path, "D")
+            m.touched(path, Change.DELETED)
             return ino
         return self._mutate(caller, "rmdir" if is_rmdir else "unlink", fn)
 
@@ -326,8 +327,8 @@ class Overlay(Tree):
                 snode.parent, dnode.parent = p2, p1
                 self._save(m, src, snode)
                 self._save(m, dst, dnode)
-                m.touched(new_path, "R")
-                m.touched(old_path, "R")
+                m.touched(new_path, Change.RENAMED)
+                m.touched(old_path, Change.RENAMED)
                 return None
             if dst is not None:
                 if flags & RENAME_NOREPLACE:
@@ -356,8 +357,9 @@ class Overlay(Tree):
                     self._touch_parent(m, p2)
             snode.parent = p2
             self._save(m, src, snode)
-            m.touched(new_path, "M" if dst is not None else "R")  # an atomic save modifies
-            m.touched(old_path, "<")
+            # an atomic save modifies
+            m.touched(new_path, Change.MODIFIED if dst is not None else Change.RENAMED)
+            m.touched(old_path, Change.BEFORE)
             return dst
         return self._mutate(caller, "rename", fn)
 
@@ -383,7 +385,7 @@ class Overlay(Tree):
             if mtime_ns is not None:
                 node.mtime_ns = mtime_ns
             self._save(m, ino, node, mtime=size is not None and mtime_ns is None)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
             return node
         return self._mutate(caller, "truncate" if size is not None else "setattr", fn)
 
@@ -403,7 +405,7 @@ class Overlay(Tree):
             else:
                 m.put(T_XATTRS, key, value)
             self._save(m, ino, node)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
         self._mutate(caller, "setxattr" if value is not None else "removexattr", fn)
 
     # -- content --------------------------------------------------------------
@@ -497,7 +499,7 @@ class Overlay(Tree):
             if end > node.size:
                 node.size = end
             self._save(m, ino, node, mtime=True)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
             if logged is not None:
                 m.w.put(META, WRITE_BEHIND_KEY, logged)
             return len(data)

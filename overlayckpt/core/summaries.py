@@ -9,7 +9,7 @@ from overlayckpt.core.groupfiles import is_internal
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
-from overlayckpt.messages import FileChange, LogEntry
+from overlayckpt.messages import Change, FileChange, LogEntry
 from overlayckpt.records import Checkpoint, iso_time, u64
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.tables import META, RESTORE_FILES_KEY
@@ -122,7 +122,7 @@ def _reflog_lines(ck: Checkpoint, files_at: Files) -> list[str]:
 def _new_branches(internal: dict[str, str]) -> list[str]:
     # git creates a branch's reflog with it (its ref file arrives by a rename: "R")
     prefix = ".git/logs/refs/heads/"
-    return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == "A"]
+    return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == Change.ADDED]
 
 
 def _from_reflog(moves: list[str], internal: dict[str, str], work_changed: bool) -> str:
@@ -149,7 +149,7 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
         msg = files_at.read(ck.seq, ".git/COMMIT_EDITMSG", limit=200) if files_at else None
         subject = msg[1].decode(errors="replace").strip().split("\n")[0] if msg else ""
         return f'git commit "{subject}"' if subject else "git commit"
-    if internal.get(".git/HEAD") == "A":
+    if internal.get(".git/HEAD") == Change.ADDED:
         return "git init"
     branches = _new_branches(internal)
     if branches:
@@ -172,7 +172,8 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
 def describe(files: list[FileChange], totals: dict[str, int] | None = None) -> str:
     """totals: how many files of each change there are, when files holds only the first
     three of each (else files is all of them)."""
-    words = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed"}
+    words: dict[str, str] = {Change.ADDED: "added", Change.MODIFIED: "modified",
+                             Change.DELETED: "deleted", Change.RENAMED: "renamed"}
     by: dict[str, list[str]] = {}  # the first 3 names of each kind
     counts: dict[str, int] = {}
     for f in files:

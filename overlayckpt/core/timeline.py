@@ -38,6 +38,7 @@ from overlayckpt.core.journal import (
 )
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
+from overlayckpt.messages import Change
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
 from overlayckpt.records import (
     FIRST_UPPER_INO,
@@ -776,13 +777,14 @@ class Timeline:
             has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
             if not content:
                 if has_a or has_b:
-                    out.append(FileChange(path, "M" if has_a and has_b else "A" if has_b else "D",
-                                          None, None))
+                    code = (Change.MODIFIED if has_a and has_b
+                            else Change.ADDED if has_b else Change.DELETED)
+                    out.append(FileChange(path, code, None, None))
                 continue
             ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]  # has_a: a and na are set
             cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]  # has_b: b and nb are set
             if ca == cb:
                 continue
-            change = "A" if ca is None else "D" if cb is None else "M"
+            change = Change.ADDED if ca is None else Change.DELETED if cb is None else Change.MODIFIED
             out.append(FileChange(path, change, ca, cb))
 
