@@ -49,7 +49,7 @@ async def _show_new_git_objects(s: Session, ref: str) -> None:
             parent = git_inos.get(b"/".join(parts[:i]))
             if parent is not None:
                 entries.append((parent, parts[i]))
-    await s.invalidate(list(git_inos.values()), entries)
+    await s.ctx.invalidate(list(git_inos.values()), entries)
 
 
 @command(ExportBundleRequest, reaches_out=True)

@@ -80,7 +80,7 @@ class Session:
                  request_stats: RequestStats = no_request_stats,
                  captures: Captures | None = None) -> None:
         self.ctx = ctx
-        # the same objects as ctx's: a Session serves wherever the core takes a Context
+        # the same objects as ctx's, for the service's own use; the core takes ctx itself
         self.store = ctx.store
         self.lower = ctx.lower
         self.overlay = ctx.overlay
@@ -101,15 +101,6 @@ class Session:
         self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
         self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
-
-    # the context's hooks, so that a Session too serves where a Context is taken
-    @property
-    def invalidate(self) -> Invalidate:
-        return self.ctx.invalidate
-
-    @property
-    def flush_kernel(self) -> FlushKernel:
-        return self.ctx.flush_kernel
 
     @classmethod
     def open(cls, store_dir: str, repo: str | None = None, *, create: bool = False,
