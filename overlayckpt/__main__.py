@@ -6,6 +6,6 @@ if sys.argv[1:2] == ["hook"]:  # run by the agent on every event: no CLI imports
     if code is not None:
         sys.exit(code)
 
-from overlayckpt.cli import main
+from overlayckpt.cli.app import main
 
 sys.exit(main())

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
 from overlayckpt.core import writebehind
 from overlayckpt.fuse import fastpath
@@ -40,6 +39,7 @@ from overlayckpt.fuse.control import ControlFs
 from overlayckpt.fuse.mounterr import reason, stderr_lines
 from overlayckpt.fuse.ops import Operations
 from overlayckpt.fuse.views import CheckpointViews
+from overlayckpt.messages import KernelStatus
 from overlayckpt.service.reader import Readers
 from overlayckpt.service.session import Session
 from overlayckpt.store.info import read_info, write_info
@@ -90,7 +90,7 @@ class Kernel:
             log.info("kernel refuses FUSE_NOTIFY_INC_EPOCH (%s): names are invalidated one "
                      "by one", os.strerror(err))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> KernelStatus:
         """What the status command shows of the kernel side (fuse/fastpath.py)."""
         return {"kernel_dir_cache": fastpath.active(), "repo_read_ahead": fastpath.read_ahead(),
                 "dir_attrs_from_c": fastpath.dir_attrs_answered(),
@@ -224,7 +224,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     finally:
         session.readers.close()
         pyfuse3.close(unmount=True)
-        result: dict[str, Any] = {"applied": False}
+        result: dict[str, object] = {"applied": False}  # (session.json's last_unmount)
         try:
             # the writes Python took and deferred first (Store.defer), then, after a
             # signal, those still queued: pyfuse3's loop stops before the queue is empty,
@@ -232,10 +232,11 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
             session.store.store_deferred()
             writebehind.recover(session.overlay, store_dir)
             if session.apply_on_exit:
-                result = {"applied": True, **apply_live(session.ctx)}
-                if result["refused"]:  # (device nodes, fifos, other users' files: listed)
+                stats = apply_live(session.ctx)
+                result = {"applied": True, **stats}
+                if stats["refused"]:  # (device nodes, fifos, other users' files: listed)
                     log.info("apply at unmount left %d entries as the repo has them: %s",
-                             len(result["refused"]), result["refused"][:5])
+                             len(stats["refused"]), stats["refused"][:5])
         except Exception as e:
             if isinstance(e, UserError):  # a refusal (the repo changed too): one line
                 log.error("apply at unmount refused: %s", e)

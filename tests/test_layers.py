@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # rank of each subpackage or top-level module (the first name below overlayckpt)
 RANKS = {
-    "records": 0, "errors": 0, "tables": 0, "names": 0,
+    "records": 0, "errors": 0, "tables": 0, "names": 0, "messages": 0,
     "store": 1,
     "core": 2,
     "agents": 3,
@@ -116,11 +116,50 @@ def check(graph: Graph) -> list[str]:
     return problems
 
 
+def with_packages(graph: Graph) -> Graph:
+    """graph plus the import Python makes of each module's package (its __init__) before
+    the module itself: `from overlayckpt.cli import client` runs cli/__init__.py first."""
+    out = {m: set(deps) for m, deps in graph.items()}
+    for mod in graph:
+        parent = mod.rpartition(".")[0]
+        if parent in graph and parent != PACKAGE:
+            out[mod].add(parent)
+    return out
+
+
+def circle_within(graph: Graph, prefix: str) -> list[str]:
+    """An import circle among the modules of one package (prefix and below), counting each
+    module's import of its package's __init__; empty when there is none."""
+    graph = with_packages(graph)
+    inside = {m for m in graph if m == prefix or m.startswith(prefix + ".")}
+    sorter = graphlib.TopologicalSorter({m: {d for d in graph[m] if d in inside and d != m}
+                                         for m in inside})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as e:
+        return list(reversed(e.args[1]))
+    return []
+
+
 def test_the_package_is_layered() -> None:
     graph = package_graph()
     assert len(graph) > 40, "the walk found too few modules"
     problems = check(graph)
     assert not problems, "\n".join(problems)
+
+
+def test_the_command_line_has_no_circle() -> None:
+    """app.py imports the command modules; none of them imports app, not even through the
+    package's __init__ (which every one of them runs first)."""
+    circle = circle_within(package_graph(), "overlayckpt.cli")
+    assert not circle, "import circle in cli/: " + " -> ".join(circle)
+
+
+def test_a_circle_through_a_package_init_is_found() -> None:
+    graph = {"overlayckpt.cli": {"overlayckpt.cli.app"}, "overlayckpt.cli.app": {"overlayckpt.cli.log"},
+             "overlayckpt.cli.log": {"overlayckpt.cli.client"}, "overlayckpt.cli.client": set()}
+    assert check(graph) == []  # (the plain graph has no circle)
+    assert "overlayckpt.cli" in circle_within(graph, "overlayckpt.cli")
 
 
 def test_function_level_and_type_checking_imports_count() -> None:

@@ -1504,7 +1504,7 @@ def test_apply_writes_a_sparse_file_over_1_gib(tmp_path: Path) -> None:
         ino, _ = s.overlay.create(me, ROOT_INO, b"big.img", 0o100644, 0, 0)
         s.overlay.write(me, ino, 0, b"head")
         s.overlay.write(me, ino, end, b"tail!")
-        stats = apply_live(s)
+        stats = apply_live(s.ctx)
     assert stats["written"] == 1
     st = os.stat(repo / "big.img")
     assert st.st_size == end + 5
@@ -1537,6 +1537,6 @@ def test_apply_streams_a_file_of_many_blocks_with_mixed_content(tmp_path: Path) 
             want[off:off + len(data)] = data
         s.overlay.setattr(me, ino, size=len(want) + 3 * 4096 + 1)  # a zero tail, a hole
         want += bytes(3 * 4096 + 1)
-        assert apply_live(s)["written"] == 1
+        assert apply_live(s.ctx)["written"] == 1
         assert (repo / "mixed.bin").read_bytes() == want
-        assert apply_live(s)["written"] == 0  # compared piece by piece: nothing differs now
+        assert apply_live(s.ctx)["written"] == 0  # compared piece by piece: nothing differs now

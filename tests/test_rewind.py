@@ -11,7 +11,7 @@ import termios
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyte
 from prompt_toolkit.input import create_pipe_input
@@ -19,11 +19,14 @@ from prompt_toolkit.output import DummyOutput
 
 from conftest import CLI, Mount
 from overlayckpt.cli.rewind import Rewind, build_app
+from overlayckpt.messages import R, Request
 
 
 def drive(m: Mount, keys: list[str]) -> tuple[dict[str, Any] | None, Rewind]:
     with create_pipe_input() as pipe:
-        app, state = build_app(m.ctl_ok, input=pipe, output=DummyOutput())
+        def call(cmd: Request[R]) -> R:
+            return cast(R, m.ctl_ok(cmd.to_json()))  # (the daemon's JSON reply to cmd is its R)
+        app, state = build_app(call, input=pipe, output=DummyOutput())
         result: dict = {}
 
         def feed() -> None:

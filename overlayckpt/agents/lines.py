@@ -13,12 +13,13 @@ import re
 
 from overlayckpt.agents.hooks import MAX_HOOK_LINE, hook_line
 from overlayckpt.errors import UserError
+from overlayckpt.messages import ConversationLine
 
 MAX_LINE = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")  # (json.loads has joined every pair)
 
 
-def parse_line(line: bytes) -> dict[str, object] | None:
+def parse_line(line: bytes) -> ConversationLine | None:
     """A conversation line as written to the sidecar, or an agent's hook event wrapped
     as {"hook": AGENT, "event": EVENT}; None: a hook event that logs nothing."""
     if len(line) > MAX_HOOK_LINE:

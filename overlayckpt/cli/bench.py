@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType
 from typing import TypedDict
 
@@ -88,6 +88,7 @@ from overlayckpt.cli.bench_sample import (
     scratch_base,
 )
 from overlayckpt.errors import UserError
+from overlayckpt.messages import CheckpointRequest, R, Request, RestoreRequest
 from overlayckpt.names import line_text
 
 GIT_SHARE = 0.5  # at most this part of the measuring time goes to git ops
@@ -154,10 +155,10 @@ class Scratch:
         self.pid = client.status(self.mnt).get("pid")
         self.conn = client.Connection(self.mnt)
 
-    def call(self, cmd: Mapping[str, object]) -> tuple[Mapping[str, object], int]:
+    def call(self, cmd: Request[R]) -> tuple[R, int]:
         assert self.conn is not None
         t0 = time.perf_counter_ns()
-        reply: Mapping[str, object] = self.conn.call(dict(cmd))
+        reply = self.conn.call(cmd)
         return reply, time.perf_counter_ns() - t0
 
     def _mounted(self) -> bool:
@@ -443,9 +444,9 @@ def _measure(repo: str, seconds: float, progress: Progress, scratch: Scratch, sa
             work.counter += BATCH
             for side in order:
                 work.run(op, side, targets, first)
-        _, ns = scratch.call({"cmd": "checkpoint", "message": f"overlayckpt bench round {rnd + 1}"})
+        _, ns = scratch.call(CheckpointRequest(message=f"overlayckpt bench round {rnd + 1}"))
         checkpoints.append(ns)
-        reply, ns = scratch.call({"cmd": "restore", "id": base_ck, "what": "code"})
+        reply, ns = scratch.call(RestoreRequest(id=base_ck, what="code"))
         restores.append(ns)
         keys = reply.get("changed_keys")
         changed.append(keys if isinstance(keys, int) else 0)

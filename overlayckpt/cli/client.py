@@ -10,23 +10,27 @@ from overlayckpt.errors import PartlyDone, UserError
 
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import TypeVar
+
+    from overlayckpt.messages import Request, StatusReply
+    R = TypeVar("R")
 
 DAEMON_EXIT_WAIT = 10.0  # seconds a daemon whose mount is gone may take to close its store
 
 
-def send(mountpoint: str, cmd: dict[str, Any]) -> dict[str, Any]:
+def send(mountpoint: str, cmd: Request[R]) -> R:
     """Write one command to the daemon's ctl file and return its JSON reply."""
     with Connection(mountpoint) as conn:
         return conn.call(cmd)
 
 
-def status(mountpoint: str) -> dict[str, Any]:
+def status(mountpoint: str) -> StatusReply:
     """The daemon's status from status.json: a read, which no command running holds up."""
     path = os.path.join(mountpoint, ".overlayckpt", "status.json")
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            reply: StatusReply = json.loads(f.read())
+            return reply
     except OSError as e:
         if e.errno == errno.ENOTCONN:
             raise UserError(f"{mountpoint}: the daemon is gone (stale mount); run 'overlayckpt "
@@ -60,10 +64,10 @@ class Connection:
             os.close(self.fd)
             self.fd = -1
 
-    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+    def call(self, cmd: Request[R]) -> R:
         failed: OSError | None = None
         try:
-            os.write(self.fd, (json.dumps(cmd) + "\n").encode())
+            os.write(self.fd, (json.dumps(cmd.to_json()) + "\n").encode())
         except OSError as e:  # a failed command: its reply says why (ENOSPC, EIO: the store)
             failed = e
         chunks: list[bytes] = []
@@ -93,14 +97,16 @@ class Connection:
                 raise PartlyDone(reply.get("error", "failed"), details)
             raise UserError(reply.get("error", "failed"))
         reply.pop("ok", None)
-        return reply
+        answer: R = reply  # (the daemon answers cmd with cmd's reply: messages.py)
+        return answer
 
 
-def offline(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
+def offline(store_dir: str, cmd: Request[R]) -> R:
     """Run one command on an unmounted session by opening its store here."""
     from overlayckpt.service.session import Session
     session = Session.open(store_dir)
     try:
+
         import trio  # (only offline: talking to a daemon needs neither trio nor lmdb)
         return trio.run(session.command, cmd)
     finally:
@@ -116,7 +122,7 @@ def served_at(store_dir: str) -> str | None:
     return None
 
 
-def call_store(store_dir: str, cmd: dict[str, Any]) -> dict[str, Any]:
+def call_store(store_dir: str, cmd: Request[R]) -> R:
     """One command on the session in store_dir: through its daemon if one serves it."""
     mountpoint = served_at(store_dir)
     if mountpoint is None:

@@ -12,11 +12,38 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TypedDict
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import Target, emit, find_mount
 from overlayckpt.errors import UserError
+from overlayckpt.messages import InterruptRequest, Refused, SetApplyRequest, StatusReply, StatusRequest
+
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from overlayckpt.cli.sessions import Announced
+
+
+class Mounted(TypedDict):
+    repo: str
+    mountpoint: str
+    store: str
+    resumed: Announced | None  # the session resumed, if one was
+
+
+class UnmountReport(TypedDict):
+    mountpoint: str
+    repo: str
+    store: str
+    applied: bool  # (these three: the daemon's apply at unmount, from session.json)
+    refused: list[Refused]
+    setid_dropped: list[str]
+
+
+class Unmounted(StatusReply):
+    applied: bool  # (these three: the daemon's apply at unmount, from session.json)
+    refused: list[Refused]
+    setid_dropped: list[str]
 
 READY_TIMEOUT = 30.0
 
@@ -96,14 +123,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
                           sandboxed=getattr(args, "sandboxed", False))
     resumed = os.path.exists(os.path.join(store, "data.mdb"))
     spawn_daemon(repo, mountpoint, store, args, apply)
-    result: dict[str, Any] = {"repo": repo, "mountpoint": mountpoint, "store": store}
-    result["resumed"] = resumed_session(repo, mountpoint, store) if resumed else None
+    result: Mounted = {"repo": repo, "mountpoint": mountpoint, "store": store,
+                       "resumed": resumed_session(repo, mountpoint, store) if resumed else None}
     emit(args, result, lambda r: f"mounted {repo} at {mountpoint} (store {store})"
-         + (f"\n{r['resumed']['text']}" if r["resumed"] else ""))
+         + (f"\n{r['resumed']['text']}" if r["resumed"] is not None else ""))
     return 0
 
 
-def resumed_session(repo: str, mountpoint: str, store: str) -> dict[str, Any] | None:
+def resumed_session(repo: str, mountpoint: str, store: str) -> Announced | None:
     """What a mount says of the session it resumed (cli/sessions.py); None if the daemon
     cannot tell: the mount itself went well."""
     from overlayckpt.cli.sessions import announce
@@ -162,22 +189,22 @@ def _last_error(logpath: str, start: int) -> str:
     return lines[-1].removeprefix("overlayckpt: ") if lines else ""
 
 
-def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
+def unmount(mountpoint: str, apply: bool | None) -> Unmounted:
     # A command running may hold ctl (without the C library the kernel lets one write at
     # a time through) and its client keeps the mount busy: read status.json, have the daemon
     # cut running commands short (SIGUSR1: they are told so), then ask through ctl
     status = client.status(mountpoint)
-    if status.get("pid") and status.get("interruptible"):
+    pid = status["pid"]
+    if pid and status.get("interruptible"):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(status["pid"], signal.SIGUSR1)
+            os.kill(pid, signal.SIGUSR1)
     if apply is not None:
-        client.send(mountpoint, {"cmd": "set_apply", "apply": apply})
-    client.send(mountpoint, {"cmd": "interrupt"})  # answers once their clients closed ctl
+        client.send(mountpoint, SetApplyRequest(apply=apply))
+    client.send(mountpoint, InterruptRequest())  # answers once their clients closed ctl
     proc = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "fusermount3 failed"
         raise UserError(f"cannot unmount {mountpoint}: {why} (close programs using it, e.g. 'fuser -m')")
-    pid = status.get("pid")
     deadline = time.monotonic() + 600
     while pid and client.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -185,18 +212,22 @@ def unmount(mountpoint: str, apply: bool | None) -> dict[str, Any]:
     outcome = read_info(status["store"]).get("last_unmount", {})
     if outcome.get("error"):
         raise UserError(outcome["error"])
-    status["applied"] = outcome.get("applied", False)
-    status["refused"] = outcome.get("refused", [])  # what the apply left as the repo has it
-    status["setid_dropped"] = outcome.get("setid_dropped", [])
-    return status
+    # what the apply left as the repo has it (session.json: checked, as any file read back)
+    refused, dropped = outcome.get("refused"), outcome.get("setid_dropped")
+    return {**status, "applied": outcome.get("applied") is True,
+            "refused": [Refused(path=str(r.get("path")), why=str(r.get("why")))
+                        for r in refused if isinstance(r, dict)] if isinstance(refused, list) else [],
+            "setid_dropped": [p for p in dropped if isinstance(p, str)] if isinstance(dropped, list) else []}
 
 
-def _refused_text(r: dict[str, Any]) -> str:
+def _refused_text(r: UnmountReport) -> str:
     """What an apply at unmount left out or made less, as apply itself says it."""
     if not r["refused"] and not r["setid_dropped"]:
         return ""
     from overlayckpt.cli.applied import applied_text
-    return "\n" + applied_text({"repo": r["repo"], "written": 0, "removed": 0, **r}).split("\n", 1)[1]
+    return "\n" + applied_text({"repo": r["repo"], "written": 0, "removed": 0, "pinned": 0,
+                                 "refused": r["refused"], "setid_dropped": r["setid_dropped"]}
+                                ).split("\n", 1)[1]
 
 
 def cmd_unmount(args: argparse.Namespace) -> int:
@@ -210,9 +241,10 @@ def cmd_unmount(args: argparse.Namespace) -> int:
     if target is None:
         raise UserError("no overlayckpt mount here: give the mountpoint")
     status = unmount(target, args.apply)
-    emit(args, {"mountpoint": target, "repo": status["repo"], "store": status["store"],
-                "applied": status["applied"], "refused": status["refused"],
-                "setid_dropped": status["setid_dropped"]},
+    report: UnmountReport = {"mountpoint": target, "repo": status["repo"], "store": status["store"],
+                             "applied": status["applied"], "refused": status["refused"],
+                             "setid_dropped": status["setid_dropped"]}
+    emit(args, report,
          lambda r: f"unmounted {target}" + (f"; applied to {r['repo']}" if r["applied"] else "")
          + _refused_text(r))
     return 0
@@ -290,9 +322,9 @@ def _read(path: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    result = Target(args).call({"cmd": "status"})
-    result.pop("ok", None)
-    def line(key: str, value: Any) -> str:
+    result = Target(args).call(StatusRequest())
+
+    def line(key: str, value: object) -> str:
         if isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in value.items())
         return f"{key}: {value}"

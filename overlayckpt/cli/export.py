@@ -14,6 +14,11 @@ from typing import Any
 
 from overlayckpt.errors import UserError
 
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from overlayckpt.cli.target import Target
+    from overlayckpt.messages import ExportGitReply, ExportGitRequest
+
 CHUNK = 50  # checkpoints per export call from the CLI: progress granularity
 # -- command line -------------------------------------------------------------------
 
@@ -25,31 +30,32 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * scale
 
 
-def _export_all(target: Any, args: argparse.Namespace, quiet: bool = False) -> dict[str, Any]:
+def _export_all(call: Callable[[ExportGitRequest], ExportGitReply], args: argparse.Namespace,
+                quiet: bool = False) -> ExportGitReply:
     """Export until the branch has every checkpoint, CHUNK at a time (one request each)."""
-    cmd: dict[str, Any] = {"cmd": "export_git", "limit": CHUNK}
-    if args.branch is not None:
-        cmd["branch"] = args.branch
-    if args.since is not None:
-        cmd["since"] = int(args.since) if args.since.isascii() and args.since.isdigit() else args.since
-    done: list[dict[str, Any]] = []
+    from overlayckpt.messages import Exported, ExportGitRequest
+    since = args.since
+    if since is not None and since.isascii() and since.isdigit():
+        since = int(since)
+    cmd = ExportGitRequest(branch=args.branch, since=since, limit=CHUNK)
+    done: list[Exported] = []
     total = None
     while True:
-        result = target.call(cmd)
+        result = call(cmd)
         done += result["exported"]
         if total is None:
-            total = len(result["exported"]) + result["remaining"]
+            total = len(result["exported"]) + result.get("remaining", 0)
         if total > CHUNK and result["exported"] and not quiet:
             print(f"overlayckpt: exported {len(done)}/{total} checkpoints to {result['branch']}",
                   file=sys.stderr, flush=True)
-        if not result["remaining"] or not result["exported"]:
+        if not result.get("remaining") or not result["exported"]:
             break
     result["exported"] = done
     result.pop("remaining", None)
     return result
 
 
-def _export_text(r: dict[str, Any]) -> str:
+def _export_text(r: ExportGitReply) -> str:
     tip = (r["tip"] or "")[:12]
     if not r["exported"]:
         where = f" (checkpoint {r['last']}, {tip})" if r.get("last") is not None else ""
@@ -68,8 +74,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.branch is not None or args.since is not None or args.every is not None:
             raise UserError("--branch, --since and --every belong to 'export git'")
         path = _bundle_path(args.file)
-        target = Target(args)
-        result = target.call({"cmd": "export_bundle", "path": path})
+        from overlayckpt.messages import ExportBundleRequest
+        result = Target(args).call(ExportBundleRequest(path=path))
         emit(args, result, lambda r: f"wrote {r['path']}: {r['checkpoints']} checkpoints, "
                                      f"{r['blocks']} blocks, {r['bytes']} bytes")
         return 0
@@ -78,16 +84,17 @@ def cmd_export(args: argparse.Namespace) -> int:
                         "[--branch NAME] [--since ID]")
     target = Target(args)
     if args.every is None:
-        emit(args, _export_all(target, args), _export_text)
+        emit(args, _export_all(target.call, args), _export_text)
         return 0
     return _export_every(target, args)
 
 
-def _export_every(target: Any, args: argparse.Namespace) -> int:
+def _export_every(target: Target, args: argparse.Namespace) -> int:
     """Export, then again every DURATION, until interrupted or the session unmounts.
     A first Ctrl-C lets an export under way finish and report; a second stops at once."""
     from overlayckpt.cli.target import emit
-    store = target.store or target.call({"cmd": "status"}).get("store")
+    from overlayckpt.messages import StatusRequest
+    store = target.store or target.call(StatusRequest())["store"]
     stop = False
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -100,7 +107,7 @@ def _export_every(target: Any, args: argparse.Namespace) -> int:
     try:
         while not stop:
             try:
-                result = _export_all(target, args)
+                result = _export_all(target.call, args)
             except UserError:
                 if target.mount is None or os.path.exists(os.path.join(target.mount, ".overlayckpt", "ctl")):
                     raise
@@ -122,18 +129,14 @@ def _export_every(target: Any, args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def _export_offline_when_free(store: str, args: argparse.Namespace) -> dict[str, Any]:
+def _export_offline_when_free(store: str, args: argparse.Namespace) -> ExportGitReply:
     from overlayckpt.cli import client
     from overlayckpt.errors import StoreLocked
-
-    class Offline:
-        def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
-            return client.offline(store, cmd)
 
     deadline = time.monotonic() + 120
     while True:
         try:
-            return _export_all(Offline(), args, quiet=True)
+            return _export_all(lambda cmd: client.offline(store, cmd), args, quiet=True)
         except StoreLocked:
             if time.monotonic() > deadline:
                 raise

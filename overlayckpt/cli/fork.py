@@ -12,14 +12,31 @@ import contextlib
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import NotRequired, TypedDict
 
 from overlayckpt.cli import client
 from overlayckpt.cli.sessions import numbered, session_label, session_store, store_for
 from overlayckpt.cli.target import Target, emit
 from overlayckpt.errors import UserError
+from overlayckpt.messages import (
+    ApplyReply,
+    ApplyRequest,
+    CheckpointRequest,
+    DiffFile,
+    DiffRequest,
+    ForkPoint,
+    ForkReply,
+    ForkRequest,
+    Ref,
+    UnforkRequest,
+)
 from overlayckpt.store.info import read_info
+
+TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+if TYPE_CHECKING:
+    from overlayckpt.service.session import Session
+    from overlayckpt.store.lmdbstore import ReadTxn
 
 
 def _parent(args: argparse.Namespace) -> tuple[Target, str, str]:
@@ -31,7 +48,7 @@ def _parent(args: argparse.Namespace) -> tuple[Target, str, str]:
         repo, store = status["repo"], status["store"]
     else:
         store = os.path.realpath(target.store or "")
-        repo = read_info(store).get("repo")
+        repo = str(read_info(store).get("repo") or "")
         if not repo:
             raise UserError(f"{store} is not an overlayckpt session store: check --store")
     _not_in_place(repo)
@@ -45,8 +62,16 @@ def _not_in_place(repo: str) -> None:
                         "unmount it (the session is kept) and mount it at a separate mountpoint")
 
 
-def make_fork(target: Target, repo: str, ref: Any, mountpoint: str, store: str | None,
-              window: float | None = None) -> dict[str, Any]:
+class Forked(ForkReply):
+    mountpoint: str
+    session: str
+    parent_session: str
+    status: NotRequired[int]  # (run --fork: its command's exit status, and what it changed)
+    files: NotRequired[list[DiffFile]]
+
+
+def make_fork(target: Target, repo: str, ref: Ref | None, mountpoint: str, store: str | None,
+              window: float | None = None) -> Forked:
     """Fork target's session at ref (None: live) into store (None: the repo's next
     numbered session) and mount it at mountpoint; a fork that fails to mount is undone."""
     from overlayckpt.cli.daemon import check_places, prepare_mountpoint, spawn_daemon
@@ -63,17 +88,14 @@ def make_fork(target: Target, repo: str, ref: Any, mountpoint: str, store: str |
                  (("the parent's mount", parent_mount),) if parent_mount else ())
     check_store_dir(new)
     prepare_mountpoint(mountpoint)
-    cmd: dict[str, Any] = {"cmd": "fork", "store": new}
-    if ref is not None:
-        cmd["id"] = ref
-    made = target.call(cmd)
+    made = target.call(ForkRequest(store=new, id=ref))
     opts = argparse.Namespace(block_size=None, window=window, allow_other=False, verbose=False)
     try:
         spawn_daemon(repo, mountpoint, new, opts, False)
     except BaseException:
         import shutil
         with contextlib.suppress(UserError, OSError):
-            target.call({"cmd": "unfork", "store": new})
+            target.call(UnforkRequest(store=new))
         shutil.rmtree(new, ignore_errors=True)
         raise
     return {**made, "mountpoint": mountpoint, "session": session_label(repo, new),
@@ -91,14 +113,15 @@ def cmd_fork(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ref(value: str) -> Any:
+def _ref(value: str) -> Ref:
     from overlayckpt.names import parse_ref  # (ASCII digits only: "²" is a name)
     return parse_ref(value)
 
 
 # -- across sessions --------------------------------------------------------------
 
-def split_refs(args: argparse.Namespace, words: list[str]) -> tuple[str, list[tuple[str, Any]]]:
+def split_refs(args: argparse.Namespace, words: list[str]
+               ) -> tuple[str, list[tuple[str, Ref | None]]]:
     """Each SESSION[:ID] -> (its store, the checkpoint; None: live), and their one repo
     (a session id is one of --repo's, or of the repo we are in)."""
     from overlayckpt.cli.sessions import repo_here
@@ -119,7 +142,7 @@ def split_refs(args: argparse.Namespace, words: list[str]) -> tuple[str, list[tu
 
 
 @contextlib.contextmanager
-def reading(store: str, repo: str) -> Iterator[Any]:
+def reading(store: str, repo: str) -> Iterator[Session]:
     """The session in store, to read: beside its daemon if one serves it, else opened here."""
     from overlayckpt.service.session import Session
     if client.served_at(store):
@@ -133,7 +156,14 @@ def reading(store: str, repo: str) -> Iterator[Any]:
         session.close()
 
 
-def cross_diff(args: argparse.Namespace, text: Any) -> int:
+class CrossDiff(TypedDict):
+    a: str  # SESSION:ID
+    b: str
+    files: list[DiffFile]
+    patch: NotRequired[str]
+
+
+def cross_diff(args: argparse.Namespace, text: Callable[[CrossDiff], str]) -> int:
     """diff SESSION_A[:ID] SESSION_B[:ID]: any two states of two sessions of the repo."""
     from overlayckpt.core.fork import changes_between
     from overlayckpt.core.patch import render, stat_lines
@@ -147,13 +177,13 @@ def cross_diff(args: argparse.Namespace, text: Any) -> int:
         sb = sa if store_b == store_a else stack.enter_context(reading(store_b, repo))
         tl = Timeline(sa.ctx)
 
-        def fn(ra: Any, rb: Any) -> dict[str, Any]:
+        def fn(ra: ReadTxn, rb: ReadTxn) -> CrossDiff:
             a = None if ref_a is None else tl.get(ra, ref_a)
             b = None if ref_b is None else Timeline(sb.ctx).get(rb, ref_b)
             changes = changes_between(tl, ra, a, rb, b, args.paths or None)
             if not args.all and not args.paths:
                 changes = [c for c in changes if not is_internal(c.path)]
-            out: dict[str, Any] = {
+            out: CrossDiff = {
                 "a": f"{session_label(repo, store_a)}:{a.id if a else 'live'}",
                 "b": f"{session_label(repo, store_b)}:{b.id if b else 'live'}",
                 "files": [{"path": p, "change": c, "added": ad, "removed": rm}
@@ -166,17 +196,13 @@ def cross_diff(args: argparse.Namespace, text: Any) -> int:
     return 0
 
 
-def apply_from(args: argparse.Namespace) -> dict[str, Any]:
+def apply_from(args: argparse.Namespace) -> ApplyReply:
     """apply --from SESSION[:ID]: that session's apply, with its conflict rules."""
     _, ((store, ref),) = split_refs(args, [args.from_session])
     if ref is None and args.checkpoint is not None:
         ref = _ref(args.checkpoint)
-    cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
-    if args.special:
-        cmd["special"] = True
-    if ref is not None:
-        cmd["checkpoint"] = ref
-    return client.call_store(store, cmd)
+    return client.call_store(store, ApplyRequest(checkpoint=ref, force=args.force,
+                                                 special=args.special))
 
 
 # -- run --fork N ------------------------------------------------------------------
@@ -199,7 +225,7 @@ def cmd_run_forks(args: argparse.Namespace) -> int:
         args.store = store_for(repo, None, False)
     target, repo, _ = _parent(args)
     base = tempfile.mkdtemp(prefix="overlayckpt-forks-")
-    forks: list[dict[str, Any]] = []
+    forks: list[Forked] = []
     try:
         ref = None
         for i in range(args.fork):
@@ -219,11 +245,10 @@ def cmd_run_forks(args: argparse.Namespace) -> int:
                     p.wait()
                 raise UserError(f"cannot run {cmd[0]}: {e.strerror}") from None
         for f, proc in zip(forks, procs):
-            f["status"] = proc.wait()
+            f["status"] = status = proc.wait()
             mnt = f["mountpoint"]
-            client.send(mnt, {"cmd": "checkpoint", "message": f"run: exit {f['status']}"})
-            stat = client.send(mnt, {"cmd": "diff", "a": 0, "stat": True})["files"]
-            f["files"] = stat
+            client.send(mnt, CheckpointRequest(message=f"run: exit {status}"))
+            f["files"] = client.send(mnt, DiffRequest(a=0, stat=True))["files"]
     finally:
         for f in forks:
             with contextlib.suppress(UserError, OSError):
@@ -233,14 +258,28 @@ def cmd_run_forks(args: argparse.Namespace) -> int:
                 os.rmdir(f["mountpoint"])
         with contextlib.suppress(OSError):
             os.rmdir(base)
-    result = {"repo": repo, "checkpoint": forks[0]["checkpoint"] if forks else None,
-              "forks": [{k: f.get(k) for k in ("session", "store", "status", "files")}
-                        for f in forks]}
+    result: ForkRun = {
+        "repo": repo, "checkpoint": forks[0]["checkpoint"] if forks else None,
+        "forks": [{"session": f["session"], "store": f["store"], "status": f.get("status"),
+                   "files": f.get("files")} for f in forks]}
     emit(args, result, _run_table)
-    return 0 if forks and all(f["status"] == 0 for f in forks) else 1
+    return 0 if forks and all(f.get("status") == 0 for f in forks) else 1
 
 
-def _run_table(r: dict[str, Any]) -> str:
+class ForkRan(TypedDict):
+    session: str
+    store: str
+    status: int | None  # its command's exit status
+    files: list[DiffFile] | None
+
+
+class ForkRun(TypedDict):
+    repo: str
+    checkpoint: int | None
+    forks: list[ForkRan]
+
+
+def _run_table(r: ForkRun) -> str:
     rows = [("FORK", "STATUS", "FILES", "+", "-", "STORE")]
     for f in r["forks"]:
         files = f["files"] or []
@@ -259,7 +298,7 @@ def _run_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def forked_from_line(parent: dict[str, Any]) -> str:
+def forked_from_line(parent: ForkPoint) -> str:
     """What log says of a fork's start."""
     repo = read_info(parent["store"]).get("repo", "")
     return (f"(forked from {session_label(repo, parent['store'])} at its checkpoint "

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, BinaryIO
+from collections.abc import Mapping
+from typing import Any, BinaryIO, NotRequired, TypedDict, TypeVar
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import find_mount
-from overlayckpt.cli.timeline import _ref  # a checkpoint id or name, as the CLI reads it
 from overlayckpt.errors import UserError
+from overlayckpt.messages import CheckpointRequest, DiffRequest, LogRequest, Request, RestoreRequest
+from overlayckpt.names import parse_ref  # a checkpoint id or name, as the CLI reads it
 
 INSTRUCTIONS = (
     "overlayckpt records every change made under this directory as checkpoints. "
@@ -43,20 +45,43 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32700, -32600, -32601, -32602, -32603)
 
 
-def _schema(title: str, props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object", "properties": props, "title": title,
-                           "additionalProperties": False}
+class Prop(TypedDict):
+    """One argument of a tool, in JSON Schema: its type, and what else it says."""
+    type: str
+    default: NotRequired[object]
+    enum: NotRequired[list[str]]
+    minimum: NotRequired[int]
+
+
+class Schema(TypedDict):
+    type: str
+    properties: dict[str, Prop]
+    title: str
+    additionalProperties: bool
+    required: NotRequired[list[str]]
+
+
+class Tool(TypedDict):
+    name: str
+    description: str
+    inputSchema: Schema
+    outputSchema: dict[str, object]
+
+
+def _schema(title: str, props: dict[str, Prop], required: tuple[str, ...] = ()) -> Schema:
+    out: Schema = {"type": "object", "properties": props, "title": title,
+                   "additionalProperties": False}
     if required:
         out["required"] = list(required)
     return out
 
 
-def _str(default: str | None = None) -> dict[str, Any]:
+def _str(default: str | None = None) -> Prop:
     return {"type": "string"} if default is None else {"type": "string", "default": default}
 
 
-DICT_OUT = {"type": "object", "additionalProperties": True}
-TOOLS: list[dict[str, Any]] = [
+DICT_OUT: dict[str, object] = {"type": "object", "additionalProperties": True}
+TOOLS: list[Tool] = [
     {"name": "timeline",
      "description": "The newest checkpoints first: id, time, kind, name, process, summary, files.",
      "inputSchema": _schema("timelineArguments", {"limit": {"type": "integer", "default": 20,
@@ -88,19 +113,19 @@ _A = {"string": "a string", "integer": "an integer", "boolean": "true or false"}
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(self, code: int, message: str, data: object = None) -> None:
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
 
 
-def _arguments(tool: dict[str, Any], args: Any) -> dict[str, Any]:
+def _arguments(tool: Tool, args: object) -> dict[str, object]:
     """args checked against the tool's input schema, defaults filled in; else -32602."""
     if args is None:
         args = {}
     if not isinstance(args, dict):
         raise RpcError(INVALID_PARAMS, "Invalid params", f"{tool['name']}: arguments must be an object")
     schema = tool["inputSchema"]
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in args.items():
         prop = schema["properties"].get(key)
         if prop is None:
@@ -114,7 +139,7 @@ def _arguments(tool: dict[str, Any], args: Any) -> dict[str, Any]:
         if "enum" in prop and value not in prop["enum"]:
             raise RpcError(INVALID_PARAMS, "Invalid params",
                            f"{tool['name']}: argument {key!r} must be one of {', '.join(prop['enum'])}")
-        if prop.get("minimum") is not None and value < prop["minimum"]:
+        if "minimum" in prop and isinstance(value, int) and value < prop["minimum"]:
             raise RpcError(INVALID_PARAMS, "Invalid params",
                            f"{tool['name']}: argument {key!r} must be at least {prop['minimum']}")
         out[key] = value
@@ -127,20 +152,29 @@ def _arguments(tool: dict[str, Any], args: Any) -> dict[str, Any]:
     return out
 
 
-def _command(name: str, a: dict[str, Any]) -> dict[str, Any]:
+T = TypeVar("T")
+
+
+def _arg(a: Mapping[str, object], key: str, kind: type[T]) -> T:
+    """A checked argument (_arguments: of its schema's type, its default filled in)."""
+    value = a[key]
+    if not isinstance(value, kind):
+        raise RpcError(INVALID_PARAMS, "Invalid params", f"argument {key!r} has the wrong type")
+    return value
+
+
+def _command(name: str, a: Mapping[str, object]) -> Request[Any]:
     """The control command of tool name with its checked arguments."""
     if name == "timeline":
-        return {"cmd": "log", "limit": a["limit"]}
+        return LogRequest(limit=_arg(a, "limit", int))
     if name == "diff":
-        cmd: dict[str, Any] = {"cmd": "diff", "stat": a["stat"]}
-        if a["a"]:
-            cmd["a"] = _ref(a["a"])
-        if a["b"]:
-            cmd["b"] = _ref(a["b"])
-        return cmd
+        first, second = _arg(a, "a", str), _arg(a, "b", str)
+        return DiffRequest(a=parse_ref(first) if first else None,
+                           b=parse_ref(second) if second else None, stat=_arg(a, "stat", bool))
     if name == "checkpoint":
-        return {"cmd": "checkpoint", "name": a["name"] or None, "message": a["message"] or None}
-    return {"cmd": "restore", "id": _ref(a["checkpoint"]), "what": a["what"]}
+        return CheckpointRequest(name=_arg(a, "name", str) or None,
+                                 message=_arg(a, "message", str) or None)
+    return RestoreRequest(id=parse_ref(_arg(a, "checkpoint", str)), what=_arg(a, "what", str))
 
 
 class Server:
@@ -152,7 +186,7 @@ class Server:
         # server in every directory that is not a mount
         self.mountpoint = mountpoint
 
-    def answer(self, line: bytes) -> dict[str, Any] | None:
+    def answer(self, line: bytes) -> dict[str, object] | None:
         """The response to line, or None (a notification, a response, a blank line)."""
         if not line.strip():
             return None
@@ -188,7 +222,7 @@ class Server:
             return _error(rid, INTERNAL_ERROR, "Internal error", str(e))
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 
-    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def call(self, method: str, params: Mapping[str, object]) -> dict[str, object]:
         meta = {"_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO}}
         if method == "initialize":
             asked = params.get("protocolVersion")
@@ -216,14 +250,14 @@ class Server:
             return {**self.tool(tool["name"], cmd), "resultType": "complete", **meta}
         raise RpcError(METHOD_NOT_FOUND, "Method not found", method)
 
-    def tool(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    def tool(self, name: str, cmd: Request[Any]) -> dict[str, object]:
         if self.mountpoint is None:
             return _tool_error(NO_MOUNT)
         try:
-            reply = client.send(self.mountpoint, cmd)
+            reply: Mapping[str, object] = client.send(self.mountpoint, cmd)
         except UserError as e:  # the daemon's one line, as the tool's error
             return _tool_error(str(e))
-        value: Any = reply["checkpoints"] if name == "timeline" else reply
+        value = reply["checkpoints"] if name == "timeline" else reply
         structured = {"result": value} if name == "timeline" else value
         return {"content": [{"type": "text", "text": json.dumps(value, indent=2)}],
                 "structuredContent": structured, "isError": False}
@@ -236,7 +270,7 @@ class Server:
             if len(line) > MAX_MESSAGE and not line.endswith(b"\n"):
                 while line and not line.endswith(b"\n"):  # skip the rest of it
                     line = stdin.readline(1 << 20)
-                response: dict[str, Any] | None = _error(
+                response: dict[str, object] | None = _error(
                     None, PARSE_ERROR, "Parse error", f"message longer than {MAX_MESSAGE} bytes")
             else:
                 response = self.answer(line)
@@ -245,21 +279,21 @@ class Server:
                 stdout.flush()
 
 
-def _no_constant(word: str) -> Any:
+def _no_constant(word: str) -> object:
     raise ValueError(f"{word} is not a JSON number")
 
 
-def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+def _error(rid: object, code: int, message: str, data: object = None) -> dict[str, object]:
     """A JSON-RPC error: message is the standard one with what went wrong after it (what
     a client shows), data the detail alone."""
-    error: dict[str, Any] = {"code": code, "message": message}
+    error: dict[str, object] = {"code": code, "message": message}
     if data is not None:
         error["message"] = f"{message}: {data}"
         error["data"] = data
     return {"jsonrpc": "2.0", "id": rid, "error": error}
 
 
-def _tool_error(text: str) -> dict[str, Any]:
+def _tool_error(text: str) -> dict[str, object]:
     return {"content": [{"type": "text", "text": text}], "isError": True}
 
 

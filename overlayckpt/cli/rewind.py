@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from prompt_toolkit.application import Application, get_app
 from prompt_toolkit.formatted_text import FormattedText
@@ -22,9 +22,26 @@ from prompt_toolkit.layout import HSplit, Layout, VSplit, Window
 from prompt_toolkit.layout.controls import FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
 
+from overlayckpt.messages import (
+    ConversationLine,
+    ConversationRequest,
+    DiffRequest,
+    LogEntry,
+    LogRequest,
+    Request,
+    RestoreReply,
+    RestoreRequest,
+)
 from overlayckpt.names import line_text
 
-Call = Callable[[dict[str, Any]], dict[str, Any]]
+R = TypeVar("R")
+
+
+class Call(Protocol):
+    """How the application reaches the session (cli.target.Target.call)."""
+
+    def __call__(self, cmd: Request[R], /) -> R: ...
+
 
 CHOICES = {"c": "code", "v": "conversation", "b": "both"}
 LOADED = 2000  # checkpoints listed (newest first); older ones: log and restore
@@ -54,7 +71,7 @@ def first_row(count: int, index: int, height: int) -> int:
     return max(0, min(index - height // 2, count - height))
 
 
-def timeline_rows(checkpoints: list[dict[str, Any]], index: int, width: int,
+def timeline_rows(checkpoints: list[LogEntry], index: int, width: int,
                   height: int) -> list[tuple[str, str]]:
     """The list as (style, line) rows, height at most, each width columns exactly."""
     top = first_row(len(checkpoints), index, height)
@@ -67,7 +84,7 @@ def timeline_rows(checkpoints: list[dict[str, Any]], index: int, width: int,
     return rows
 
 
-def brief(content: Any) -> str:
+def brief(content: object) -> str:
     """What a conversation line's content says, not its JSON: a tool's command, path or
     output; a text as it is."""
     value = content
@@ -78,15 +95,15 @@ def brief(content: Any) -> str:
             return content  # (a text that only starts like JSON, or JSON cut short)
     if isinstance(value, dict):
         for key in BRIEF_KEYS:
-            if isinstance(value.get(key), str) and value[key].strip():
-                return value[key]
+            if isinstance(found := value.get(key), str) and found.strip():
+                return found
         return ", ".join(f"{k}={v}" for k, v in value.items() if isinstance(v, (str, int, float)))
     if isinstance(value, list):
         return " ".join(brief(v) if not isinstance(v, dict) else str(v.get("text", "")) for v in value)
     return str(value)
 
 
-def conversation_line(line: dict[str, Any]) -> str:
+def conversation_line(line: Mapping[str, object]) -> str:
     """`role [tool]: text`."""
     tool = line.get("tool")
     text = brief(line.get("content"))
@@ -95,7 +112,8 @@ def conversation_line(line: dict[str, Any]) -> str:
     return f"{line.get('role', '?')}{f' [{tool}]' if tool else ''}: {' '.join(text.split())}"
 
 
-def preview_lines(patch: str, conversation: list[dict[str, Any]], width: int, height: int) -> list[str]:
+def preview_lines(patch: str, conversation: Sequence[Mapping[str, object]], width: int,
+                  height: int) -> list[str]:
     """The preview pane: the conversation at the checkpoint (its last lines, each
     wrapped to at most three rows) below the start of the patch, all width columns."""
     talk = ["-- conversation at this checkpoint --"]
@@ -111,39 +129,39 @@ def preview_lines(patch: str, conversation: list[dict[str, Any]], width: int, he
 class Rewind:
     def __init__(self, call: Call) -> None:
         self.call = call
-        log = call({"cmd": "log", "limit": LOADED})
+        log = call(LogRequest(limit=LOADED))
         self.checkpoints = log["checkpoints"]
         self.index = 0
         self.asking = False
         self.message = "Up/Down PgUp/PgDn: move   Enter: restore   Esc/q: quit" + (
             f"   (the newest {LOADED}: older ones with log and restore)" if log.get("more") else "")
-        self.result: dict[str, Any] | None = None
-        self._patches: dict[int, tuple[str, list[dict[str, Any]]]] = {}
+        self.result: RestoreReply | None = None
+        self._patches: dict[int, tuple[str, list[ConversationLine]]] = {}
 
     @property
-    def current(self) -> dict[str, Any]:
+    def current(self) -> LogEntry:
         return self.checkpoints[self.index]
 
     def move(self, by: int) -> None:
         if not self.asking:
             self.index = max(0, min(len(self.checkpoints) - 1, self.index + by))
 
-    def preview(self) -> tuple[str, list[dict[str, Any]]]:
+    def preview(self) -> tuple[str, list[ConversationLine]]:
         """The patch of the current checkpoint and the conversation at it (asked once)."""
         cid = self.current["id"]
         if cid not in self._patches:
             files = self.current["files"]
             if cid > 0 and files:
                 try:
-                    diff = self.call({"cmd": "diff", "a": self._previous_id(), "b": cid,
-                                      "paths": [f["path"] for f in files][:20]})
+                    diff = self.call(DiffRequest(a=self._previous_id(), b=cid,
+                                                 paths=[f["path"] for f in files][:20]))
                     patch = diff.get("patch", "")[:20000] or "(no content changes)"
                 except Exception as e:  # a preview must never end the session
                     patch = f"(no preview: {e})"
             else:
                 patch = "(no changes in this checkpoint)"
             try:
-                conv = self.call({"cmd": "conversation", "at": cid})["lines"]
+                conv = self.call(ConversationRequest(at=cid))["lines"]
             except Exception as e:
                 conv = [{"role": "(no conversation", "content": f"{e})"}]
             self._patches[cid] = (patch, conv)
@@ -159,7 +177,7 @@ class Rewind:
         return self.message
 
     def restore(self, what: str) -> None:
-        self.result = self.call({"cmd": "restore", "id": self.current["id"], "what": what})
+        self.result = self.call(RestoreRequest(id=self.current["id"], what=what))
 
 
 def _size() -> tuple[int, int]:

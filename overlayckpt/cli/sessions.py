@@ -13,12 +13,13 @@ import argparse
 import fcntl
 import os
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import NotRequired, TypedDict
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import emit, find_mount
 from overlayckpt.errors import UserError
+from overlayckpt.messages import ForkPoint, ForksRequest, SummaryReply, SummaryRequest, UnforkRequest
 from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.store.places import STORE_FILES, check_store_dir, is_store, remove_store
 
@@ -96,19 +97,23 @@ def _ago(iso: str | None) -> str:
     return "just now"
 
 
-def announce(repo: str, mountpoint: str, store: str) -> dict[str, Any]:
+class Announced(SummaryReply):
+    text: str  # what a mount prints of the session it resumed
+
+
+def announce(repo: str, mountpoint: str, store: str) -> Announced:
     """A resumed session's summary from its daemon, and the lines a mount prints of it."""
-    summary = client.send(mountpoint, {"cmd": "summary"})
+    summary = client.send(mountpoint, SummaryRequest())
     which = session_label(repo, store)
     unapplied = (f"{summary['unapplied']} not yet applied to the repo" if summary["applied"]
                  else f"{summary['unapplied']} after its start, never applied to the repo")
-    summary["text"] = (
+    text = (
         f"resumed {which} of {repo} (started {_ago(summary.get('created'))}; "
         f"{summary['checkpoints']} checkpoints, {unapplied})\n"
         f"for a fresh one: overlayckpt unmount {mountpoint} --no-apply && "
         f"overlayckpt mount {repo}{'' if mountpoint == repo else ' ' + mountpoint} --new "
         "(this one is kept: 'overlayckpt sessions')")
-    return summary
+    return {**summary, "text": text}
 
 
 # -- sessions, drop -------------------------------------------------------------------
@@ -154,21 +159,55 @@ def _store_bytes(path: str) -> int:
     return _allocated(os.path.join(path, name) for name in STORE_FILES)
 
 
-def describe(n: int, store: str, default: bool) -> dict[str, Any]:
+class SessionRow(TypedDict):
+    """One session in `sessions`: where it is, and its summary (or why there is none)."""
+    id: int
+    store: str
+    default: bool
+    mounted: str | None
+    parent: ForkPoint | None
+    created: str | None
+    last_activity: str
+    size_bytes: int
+    checkpoints: NotRequired[int]
+    unapplied: NotRequired[int]
+    applied: NotRequired[bool]
+    last_checkpoint: NotRequired[str | None]
+    error: NotRequired[str]
+
+
+class Sessions(TypedDict):
+    repo: str
+    default: int | None
+    sessions: list[SessionRow]
+
+
+def _parent(info: Mapping[str, object]) -> ForkPoint | None:
+    """The fork point session.json records (None: not a fork)."""
+    store, ck = info.get("parent"), info.get("parent_checkpoint")
+    return {"store": store, "checkpoint": ck} if isinstance(store, str) and isinstance(ck, int) else None
+
+
+def describe(n: int, store: str, default: bool) -> SessionRow:
     mounted = client.served_at(store)
-    try:
-        summary = client.call_store(store, {"cmd": "summary"})
-    except (UserError, OSError) as e:
-        summary = {"error": str(e)}
     mtime = max(os.stat(os.path.join(store, f)).st_mtime for f in ("data.mdb", "lock.mdb"))
     from overlayckpt.records import iso_time
     info = read_info(store)
-    parent = {"store": info["parent"], "checkpoint": info.get("parent_checkpoint")} \
-        if info.get("parent") else None
-    return {"id": n, "store": store, "default": default, "mounted": mounted, "parent": parent,
-            "created": summary.pop("created", None) or info.get("created"),
-            "last_activity": iso_time(int(mtime * 1e9)), "size_bytes": _disk_bytes(store),
-            **summary}
+    created = info.get("created")
+    row: SessionRow = {"id": n, "store": store, "default": default, "mounted": mounted,
+                       "parent": _parent(info),
+                       "created": created if isinstance(created, str) else None,
+                       "last_activity": iso_time(int(mtime * 1e9)),
+                       "size_bytes": _disk_bytes(store)}
+    try:
+        summary = client.call_store(store, SummaryRequest())
+    except (UserError, OSError) as e:
+        row["error"] = str(e)
+        return row
+    row["checkpoints"], row["unapplied"] = summary["checkpoints"], summary["unapplied"]
+    row["applied"], row["last_checkpoint"] = summary["applied"], summary["last_checkpoint"]
+    row["created"] = summary["created"] or row["created"]
+    return row
 
 
 def _size(n: float) -> str:
@@ -179,7 +218,7 @@ def _size(n: float) -> str:
     return ""
 
 
-def _table(r: dict[str, Any]) -> str:
+def _table(r: Sessions) -> str:
     if not r["sessions"]:
         return f"no sessions of {r['repo']} (a mount starts one)"
     rows = [("", "ID", "FORK OF", "CREATED", "LAST ACTIVITY", "CHECKPOINTS", "NOT APPLIED", "SIZE",
@@ -202,14 +241,14 @@ def _table(r: dict[str, Any]) -> str:
     return "\n".join(line_text(line) for line in lines)
 
 
-def _tree(sessions: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+def _tree(sessions: list[SessionRow]) -> list[tuple[SessionRow, int]]:
     """Sessions in order, each fork under its parent (depth: how far down)."""
     listed = {s["store"] for s in sessions}
-    children: dict[str | None, list[dict[str, Any]]] = {}
+    children: dict[str | None, list[SessionRow]] = {}
     for s in sessions:
         p = s["parent"]["store"] if s["parent"] and s["parent"]["store"] in listed else None
         children.setdefault(p, []).append(s)
-    out: list[tuple[dict[str, Any], int]] = []
+    out: list[tuple[SessionRow, int]] = []
 
     def visit(parent: str | None, depth: int) -> None:
         for s in children.get(parent, ()):
@@ -223,24 +262,28 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     repo = repo_here(args.repo)
     found = numbered(repo)
     newest = default_of(found)[0] if found else None
-    result = {"repo": repo, "default": newest,
-              "sessions": [describe(n, store, n == newest) for n, store in found]}
+    result: Sessions = {"repo": repo, "default": newest,
+                        "sessions": [describe(n, store, n == newest) for n, store in found]}
     emit(args, result, _table)
     return 0
 
 
-def _family(store: str) -> dict[str, Any]:
+class Family(TypedDict):
+    parent: ForkPoint | None
+    forks: list[str]  # stores
+
+
+def _family(store: str) -> Family:
     """The session's parent and forks: from its store, and the forks the repo's numbered
     sessions name (a store that cannot be read still has those)."""
     info = read_info(store)
     try:
-        family = client.call_store(store, {"cmd": "forks"})
+        family = client.call_store(store, ForksRequest())
     except UserError:  # (damaged, say: it can still be dropped)
-        family = {"forks": {}, "parent": None}
-        if info.get("parent"):
-            family["parent"] = {"store": info["parent"], "checkpoint": info.get("parent_checkpoint")}
-    named = [path for _, path in numbered(info.get("repo") or "")
-             if read_info(path).get("parent") == store] if info.get("repo") else []
+        family = {"forks": {}, "parent": _parent(info)}
+    repo = info.get("repo")
+    named = [path for _, path in numbered(repo)
+             if read_info(path).get("parent") == store] if isinstance(repo, str) and repo else []
     return {"parent": family["parent"], "forks": sorted(set(family["forks"]) | set(named))}
 
 
@@ -271,7 +314,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     parent = family["parent"]
     if parent and is_store(parent["store"]):  # its blocks are the parent's garbage now
         try:
-            client.call_store(parent["store"], {"cmd": "unfork", "store": store})
+            client.call_store(parent["store"], UnforkRequest(store=store))
         except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
             pass
     emit(args, {"dropped": store, "freed_bytes": freed, "kept": kept},

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
-    from typing import Any
+    from overlayckpt.messages import StatsReply
 
 # (name in the reply, metric, help) of each latency histogram
 HISTOGRAMS = (
@@ -57,7 +58,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json and args.prometheus:
         print("overlayckpt stats: choose one of --json and --prometheus", file=sys.stderr)
         return 2
-    result = Target(args).call({"cmd": "stats"})
+    from overlayckpt.messages import StatsRequest
+    result = Target(args).call(StatsRequest())
     if args.prometheus:
         sys.stdout.write(prometheus(result))
     elif args.json:
@@ -85,7 +87,7 @@ def _bytes(n: float) -> str:
     return ""
 
 
-def text(r: dict[str, Any]) -> str:
+def text(r: StatsReply) -> str:
     from overlayckpt.names import quote_path
     lines = [f"since {r['since']} ({r['uptime_s']:,.1f} s) at {quote_path(r['mountpoint'] or '')}"]
     if not r["requests_timed"]:
@@ -113,11 +115,17 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def _num(x: float) -> str:
+def _num(x: object) -> str:
     return repr(float(x)) if isinstance(x, float) else str(x)
 
 
-def prometheus(r: dict[str, Any]) -> str:
+def _figure(r: Mapping[str, object], group: str, key: str) -> object:
+    """One figure of the reply's group (COUNTERS, GAUGES)."""
+    section = r[group]
+    return section.get(key) if isinstance(section, Mapping) else None
+
+
+def prometheus(r: StatsReply) -> str:
     """The text exposition format (version 0.0.4): every metric with HELP and TYPE, each
     histogram with the same buckets at every scrape (powers of two from 1.024 µs to 137 s:
     each counts the values below it exactly), labelled with the mountpoint."""
@@ -131,7 +139,7 @@ def prometheus(r: dict[str, Any]) -> str:
         return PREFIX + metric
 
     for name, metric, help_text in HISTOGRAMS:
-        raw = r["histograms"][name]
+        raw = r.get("histograms", {})[name]
         h = Histogram.from_sparse(raw["buckets"], raw["sum_ns"], raw["max_ns"])
         full = head(metric, "histogram", help_text)
         below = 0
@@ -145,9 +153,9 @@ def prometheus(r: dict[str, Any]) -> str:
         out.append(f"{full}_count{{{labels}}} {h.count}")
     for metric, help_text, (group, key) in COUNTERS:
         full = head(metric, "counter", help_text)
-        out.append(f"{full}{{{labels}}} {r[group][key]}")
+        out.append(f"{full}{{{labels}}} {_figure(r, group, key)}")
     for metric, help_text, (group, key) in GAUGES:
-        value = r[group][key]
+        value = _figure(r, group, key)
         if value is None:
             continue  # (nothing captured yet: no ratio)
         full = head(metric, "gauge", help_text)

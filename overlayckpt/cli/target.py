@@ -13,7 +13,10 @@ from overlayckpt.errors import UserError
 
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import TypeVar
+
+    from overlayckpt.messages import Request
+    R = TypeVar("R")
 
 # -- finding the session ----------------------------------------------------
 
@@ -77,13 +80,13 @@ class Target:
         elif not os.path.isdir(args.store):
             raise UserError(f"no session store at {args.store}: check --store")
 
-    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+    def call(self, cmd: Request[R]) -> R:
         if self.mount is not None:
             return client.send(self.mount, cmd)
         return client.call_store(self.store or "", cmd)
 
 
-def emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+def emit(args: argparse.Namespace, result: R, text: Callable[[R], str]) -> None:
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -8,30 +8,45 @@ from collections.abc import Callable
 
 TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    from overlayckpt.cli.fork import CrossDiff
+    from overlayckpt.cli.target import Target
+    from overlayckpt.messages import (
+        BackoutReply,
+        ConversationReply,
+        DiffReply,
+        GcReply,
+        LogReply,
+        Ref,
+    )
+    R = TypeVar("R")
+# (the request classes, overlayckpt.messages, are imported where a command runs: loading
+# dataclasses costs every CLI start, --help too, a few ms)
 
 
 PAGE = 20  # log entries shown without --limit
 
 
-def _target(args: argparse.Namespace) -> Any:
+def _target(args: argparse.Namespace) -> Target:
     from overlayckpt.cli.target import Target
     return Target(args)
 
 
-def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> int:
+def _emit(args: argparse.Namespace, result: R, text: Callable[[R], str]) -> int:
     from overlayckpt.cli.target import emit
     emit(args, result, text)
     return 0
 
 
-def _ref(value: str) -> Any:
+def _ref(value: str) -> Ref:
     from overlayckpt.names import parse_ref  # (ASCII digits only: "²" and "１" are names)
     return parse_ref(value)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "checkpoint", "name": args.name, "message": args.message})
+    from overlayckpt.messages import CheckpointRequest
+    result = _target(args).call(CheckpointRequest(name=args.name, message=args.message))
     return _emit(args, result, lambda r: str(r["id"]))
 
 
@@ -43,11 +58,12 @@ def _local_time(iso: str) -> str:
 
 def cmd_log(args: argparse.Namespace) -> int:
     limit = args.limit if args.limit is not None else 0 if args.json else PAGE  # (scripts read all)
-    result = _target(args).call({"cmd": "log", "limit": limit, "file": args.file, "all": args.all})
+    from overlayckpt.messages import LogRequest
+    result = _target(args).call(LogRequest(limit=limit, file=args.file, all=args.all))
 
     from overlayckpt.names import line_text, quote_path  # (names, paths, summaries: escaped)
 
-    def text(r: dict[str, Any]) -> str:
+    def text(r: LogReply) -> str:
         lines = []
         for c in r["checkpoints"]:
             files = " ".join(f"{f['change']} {quote_path(f['path'])}" for f in c["files"][:6])
@@ -59,16 +75,16 @@ def cmd_log(args: argparse.Namespace) -> int:
             name = f" [{line_text(c['name'])}]" if c["name"] else ""
             proc = line_text(c["process"]["comm"] or "-")
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
-            if c.get("folded"):  # bookkeeping checkpoints of ignored files (log --all)
-                n = len(c["folded"])
-                delta += f" (+{n} bookkeeping checkpoint{'s' if n > 1 else ''}: {', '.join(map(str, c['folded']))})"
+            if folded := c.get("folded"):  # bookkeeping checkpoints of ignored files (log --all)
+                n = len(folded)
+                delta += f" (+{n} bookkeeping checkpoint{'s' if n > 1 else ''}: {', '.join(map(str, folded))})"
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
                          f"{line_text(c['summary'])}" + (f"\n       {files}{delta}" if files else ""))
         if r.get("more"):
             lines.append(f"(the newest {len(r['checkpoints'])}; older ones: --limit N, or --limit 0 for all)")
-        elif r.get("forked_from"):
+        elif forked := r.get("forked_from"):
             from overlayckpt.cli.fork import forked_from_line
-            lines.append(forked_from_line(r["forked_from"]))
+            lines.append(forked_from_line(forked))
         return "\n".join(lines)
     return _emit(args, result, text)
 
@@ -81,19 +97,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if len(refs) > 2:
         from overlayckpt.errors import UserError
         raise UserError("diff takes at most two checkpoints: diff [A [B]] [-- PATH ...]")
-    cmd: dict[str, Any] = {"cmd": "diff", "stat": args.stat, "paths": paths or None, "all": args.all}
-    if refs:
-        cmd["a"] = _ref(refs[0])
-    if len(refs) > 1:
-        cmd["b"] = _ref(refs[1])
-    result = _target(args).call(cmd)
+    from overlayckpt.messages import DiffRequest
+    result = _target(args).call(DiffRequest(
+        a=_ref(refs[0]) if refs else None, b=_ref(refs[1]) if len(refs) > 1 else None,
+        stat=args.stat, paths=paths or None, all=args.all))
     return _emit(args, result, _diff_text(args))
 
 
-def _diff_text(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
+def _diff_text(args: argparse.Namespace) -> Callable[[DiffReply | CrossDiff], str]:
     from overlayckpt.names import quote_path
 
-    def text(r: dict[str, Any]) -> str:
+    def text(r: DiffReply | CrossDiff) -> str:
         if args.stat:
             rows = [f" {f['change']} {quote_path(f['path'])} | " + ("Bin" if f["added"] is None else
                                                         f"+{f['added']} -{f['removed']}")
@@ -102,56 +116,52 @@ def _diff_text(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
             return "\n".join(rows)
         # the bytes of the files as they are (a line that is not UTF-8 too), whatever the locale
         sys.stdout.flush()
-        sys.stdout.buffer.write(r["patch"].encode("utf-8", "surrogateescape"))
+        sys.stdout.buffer.write(r.get("patch", "").encode("utf-8", "surrogateescape"))
         sys.stdout.buffer.flush()
         return ""
     return text
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "show", "id": _ref(args.id), "path": args.path, "all": args.all})
+    from overlayckpt.messages import ShowRequest
+    result = _target(args).call(ShowRequest(id=_ref(args.id), path=args.path, all=args.all))
     if args.json:
         return _emit(args, result, lambda r: "")
-    if "content_b64" in result:
+    if (content := result.get("content_b64")) is not None:
         import base64
-        sys.stdout.buffer.write(base64.b64decode(result["content_b64"]))
+        sys.stdout.buffer.write(base64.b64decode(content))
         sys.stdout.flush()
         return 0
     from overlayckpt.names import quote_path
-    if "entries" in result:
-        print("\n".join(quote_path(e) for e in result["entries"]))
+    if (entries := result.get("entries")) is not None:
+        print("\n".join(quote_path(e) for e in entries))
         return 0
-    print("\n".join(quote_path(f["path"]) + ("/" if f["type"] == "dir" else "") for f in result["files"]))
+    print("\n".join(quote_path(f["path"]) + ("/" if f["type"] == "dir" else "")
+                    for f in result.get("files", [])))
     return 0
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    paths = args.paths
-    cmd: dict[str, Any] = {"cmd": "restore", "id": _ref(args.id)}
-    if args.what:
-        cmd["what"] = args.what
-    if paths:
-        cmd["paths"] = paths
-    result = _target(args).call(cmd)
+    from overlayckpt.messages import RestoreRequest
+    result = _target(args).call(RestoreRequest(id=_ref(args.id), what=args.what,
+                                               paths=args.paths or None))
     from overlayckpt.names import line_text
     for w in result.get("warnings", []):
         print(f"overlayckpt: warning: {line_text(w)}", file=sys.stderr)
-    if result.get("resume") and not args.json:
-        print("agent transcript cut back to this checkpoint; continue with: "
-              f"{line_text(result['resume'])}")
+    if (resume := result.get("resume")) and not args.json:
+        print(f"agent transcript cut back to this checkpoint; continue with: {line_text(resume)}")
     return _emit(args, result, lambda r: f"restored checkpoint {r['restored']} ({r['what']}) "
                                          f"as checkpoint {r['id']}")
 
 
 def cmd_backout(args: argparse.Namespace) -> int:
-    cmd: dict[str, Any] = {"cmd": "backout", "id": _ref(args.id), "all": args.all}
-    if args.paths:
-        cmd["paths"] = args.paths
-    result = _target(args).call(cmd)
+    from overlayckpt.messages import BackoutRequest
+    result = _target(args).call(BackoutRequest(id=_ref(args.id), paths=args.paths or None,
+                                               all=args.all))
 
     from overlayckpt.names import quote_path
 
-    def text(r: dict[str, Any]) -> str:
+    def text(r: BackoutReply) -> str:
         if r["id"] is None:
             return f"nothing to back out: the changes of checkpoint {r['backed_out']} are undone already"
         files = " ".join(f"{f['change']} {quote_path(f['path'])}" for f in r["files"][:6])
@@ -162,18 +172,18 @@ def cmd_backout(args: argparse.Namespace) -> int:
 
 
 def cmd_conversation(args: argparse.Namespace) -> int:
-    cmd: dict[str, Any] = {"cmd": "conversation", "all": args.all}
-    if args.at is not None:
-        cmd["at"] = _ref(args.at)
-    result = _target(args).call(cmd)
+    from overlayckpt.messages import ConversationRequest
+    at = _ref(args.at) if args.at is not None else None
+    result = _target(args).call(ConversationRequest(at=at, all=args.all))
 
     from overlayckpt.names import line_text, terminal_text  # (what the agent wrote: escaped)
 
-    def text(r: dict[str, Any]) -> str:
+    def text(r: ConversationReply) -> str:
         out = []
         for line in r["lines"]:
             mark = "" if line.get("live", True) else "(abandoned) "
-            content = line["content"] if isinstance(line["content"], str) else json.dumps(line["content"])
+            content = line.get("content")
+            content = content if isinstance(content, str) else json.dumps(content)
             tool = f" [{line_text(str(line['tool']))}]" if line.get("tool") else ""
             out.append(f"{mark}{line_text(str(line['role']))}{tool}: {terminal_text(content)}")
         return "\n".join(out)
@@ -188,12 +198,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
             from overlayckpt.cli.fork import apply_from
             result = apply_from(args)
             return _emit(args, result, lambda r: applied_text(r, f"{args.from_session} "))
-        cmd: dict[str, Any] = {"cmd": "apply", "force": args.force}
-        if args.special:
-            cmd["special"] = True
-        if args.checkpoint is not None:
-            cmd["checkpoint"] = _ref(args.checkpoint)
-        result = _target(args).call(cmd)
+        from overlayckpt.messages import ApplyRequest
+        ck = _ref(args.checkpoint) if args.checkpoint is not None else None
+        result = _target(args).call(ApplyRequest(checkpoint=ck, force=args.force,
+                                                 special=args.special))
     except PartlyDone as e:  # (--json: what was written before it stopped, on stdout too)
         if args.json:
             json.dump({"error": str(e), **e.details}, sys.stdout, indent=2)
@@ -203,7 +211,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    result = _target(args).call({"cmd": "fsck", "repair": args.repair})
+    from overlayckpt.messages import FsckRequest
+    result = _target(args).call(FsckRequest(repair=args.repair))
     from overlayckpt.names import line_text
     _emit(args, result, lambda r: "\n".join(
         [f"repaired: {line_text(str(x))}" for x in r["repaired"]] + [line_text(p) for p in r["problems"]]
@@ -213,14 +222,15 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    cmd: dict[str, Any] = {"cmd": "gc"}
-    if args.budget is not None:
-        cmd["budget"] = args.budget
-    result = _target(args).call(cmd)
-    return _emit(args, result, lambda r: f"thinned {r['thinned']} automatic checkpoints; swept "
-                                         f"{r['swept_inodes']} files and directories restores left "
-                                         f"unnamed; removed {r['removed_blocks']} blocks "
-                                         f"({r['freed_bytes']} bytes), kept {r['kept_blocks']}")
+    from overlayckpt.messages import GcRequest
+    result = _target(args).call(GcRequest(budget=args.budget))
+
+    def text(r: GcReply) -> str:
+        return (f"thinned {r['thinned']} automatic checkpoints; swept {r.get('swept_inodes', 0)} "
+                f"files and directories restores left unnamed; removed "
+                f"{r.get('removed_blocks', 0)} blocks ({r.get('freed_bytes', 0)} bytes), kept "
+                f"{r.get('kept_blocks', 0)}")
+    return _emit(args, result, text)
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
@@ -234,9 +244,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     if result:
         from overlayckpt.names import line_text
         print(f"restored checkpoint {result['restored']} ({result['what']}) as checkpoint {result['id']}")
-        if result.get("resume"):
-            print("agent transcript cut back to this checkpoint; continue with: "
-                  f"{line_text(result['resume'])}")
+        if resume := result.get("resume"):
+            print(f"agent transcript cut back to this checkpoint; continue with: {line_text(resume)}")
     return 0
 
 

@@ -44,6 +44,7 @@ from overlayckpt.core.context import Context
 from overlayckpt.core.lower import join, openat2_beneath
 from overlayckpt.core.pins import pin
 from overlayckpt.errors import FsError, PartlyDone, UserError
+from overlayckpt.messages import ApplyStats, Ref, Refused
 from overlayckpt.names import check_file_name, is_file_name, quote_path
 from overlayckpt.records import (
     CONTROL_NAME,
@@ -101,15 +102,17 @@ class Applier:
         # inode -> (path, st_dev, st_ino) of the repo file its first name became: a second
         # name is linked from that file, reopened and checked to be the same one
         self.written: dict[int, tuple[bytes, int, int]] = {}
-        self.stats = {"written": 0, "removed": 0, "pinned": 0}
+        self.stats = {"written": 0, "removed": 0, "pinned": 0}  # (ApplyStats' counts)
         self.written_paths: list[str] = []
         self.removed_paths: list[str] = []
-        self.refused: list[dict[str, str]] = []  # {"path", "why"}: left as the repo has it
+        self.refused: list[Refused] = []  # left as the repo has it
         self.setid_dropped: list[str] = []
         self.at: bytes | None = None  # the entry being applied (named if apply stops there)
 
-    def result(self) -> dict[str, Any]:
-        return {**self.stats, "refused": self.refused, "setid_dropped": self.setid_dropped}
+    def result(self) -> ApplyStats:
+        return {"written": self.stats["written"], "removed": self.stats["removed"],
+                "pinned": self.stats["pinned"], "refused": self.refused,
+                "setid_dropped": self.setid_dropped}
 
     # -- pinning ----------------------------------------------------------------
 
@@ -157,7 +160,7 @@ class Applier:
         return {parent} | self.ov.ancestors(state, parent)
 
     def apply(self, state: Any, extra_nodes: list[int], extra_dirs: list[int],
-              force: bool = False) -> dict[str, Any]:
+              force: bool = False) -> ApplyStats:
         self.check_state(state)  # a hostile or damaged store: refused before anything is written
         try:
             if not force:
@@ -550,7 +553,7 @@ CHUNK = 1 << 20
 _ZEROS = bytes(CHUNK)
 
 
-def apply_live(ctx: Context, force: bool = False, special: bool = False) -> dict[str, Any]:
+def apply_live(ctx: Context, force: bool = False, special: bool = False) -> ApplyStats:
     """Write the live state into the repo. special: device nodes, fifos and sockets too."""
     seq = ctx.store.read(lambda r: r.meta_int(SEQ_KEY, 1))
     stats = Applier(ctx, special).apply(_LiveState(ctx), [], [], force)
@@ -579,8 +582,8 @@ class _LiveState:
         return self.store.read(lambda r: r.block(digest))
 
 
-def apply_checkpoint(ctx: Context, ref: Any, force: bool = False, special: bool = False
-                     ) -> dict[str, Any]:
+def apply_checkpoint(ctx: Context, ref: Ref, force: bool = False, special: bool = False
+                     ) -> ApplyStats:
     from overlayckpt.core.timeline import Timeline
     tl = Timeline(ctx)
     r = ctx.store.begin_read()

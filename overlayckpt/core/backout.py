@@ -33,6 +33,7 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.core.tree import State
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
+from overlayckpt.messages import BackoutReply, Change, FileChange, Ref
 from overlayckpt.records import ROOT_INO, TABLE_NAMES, Checkpoint, from_u64, u64
 from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CKPTS
@@ -352,8 +353,8 @@ def _write(tl: Timeline, w: WriteTxn, plan: Plan, caller: Caller, paths: list[st
     return plan, ck
 
 
-async def backout(ctx: Context, ref: Any, caller: Caller, paths: list[str] | None = None,
-                  everything: bool = False) -> dict[str, Any]:
+async def backout(ctx: Context, ref: Ref, caller: Caller, paths: list[str] | None = None,
+                  everything: bool = False) -> BackoutReply:
     """Back out checkpoint ref (only these paths, if given) as a new checkpoint; a conflict
     or a mistake raises UserError and changes nothing."""
     tl = Timeline(ctx)
@@ -363,6 +364,7 @@ async def backout(ctx: Context, ref: Any, caller: Caller, paths: list[str] | Non
     plan, ck = ctx.store.write(lambda w: _write(tl, w, planned, caller, paths, everything,
                                                 changed))
     await tl._invalidate(changed)  # the kernel's caches of what it changed, as a restore does
-    files = [{"path": path, "change": "A" if ours is None else "D" if result is None else "M"}
-             for path, ours, result in plan.writes]
+    files: list[FileChange] = [
+        {"path": path, "change": Change.ADDED if ours is None else Change.DELETED if result is None
+         else Change.MODIFIED} for path, ours, result in plan.writes]
     return {"id": ck.id if ck else None, "backed_out": plan.target.id, "files": files}

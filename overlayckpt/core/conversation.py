@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from overlayckpt.core.journal import close_open_group, hold_for_call, next_seq, now_ns
+from overlayckpt.messages import ConversationLine as Line
 from overlayckpt.records import from_u64, iso_time, pack_obj, u64, unpack_obj
 from overlayckpt.store.lmdbstore import Store
 from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CONV, CONV_HEAD_KEY, CONV_NEXT_KEY
 
 
-def append(w: WriteTxn, obj: dict[str, Any]) -> int:
+def append(w: WriteTxn, obj: Line) -> int:
     if starts_a_call(obj):  # what was written before the call is not the call's checkpoint
         close_open_group(w)
     hold_for_call(w, starts_a_call(obj))  # any other line: the call has ended
@@ -35,41 +36,47 @@ def append(w: WriteTxn, obj: dict[str, Any]) -> int:
     return key
 
 
-def starts_a_call(obj: dict[str, Any]) -> bool:
+def starts_a_call(obj: Line) -> bool:
     """An agent's tool call, logged by its hook before it runs. (Lines written by hand
     may come before or after their changes: they never split or hold a group.)"""
     return obj.get("event") == "PreToolUse"
 
 
-def append_line(store: Store, obj: dict[str, Any]) -> None:
+def append_line(store: Store, obj: Line) -> None:
     """Store a line as agents.lines.parse_line made it of what was written to the sidecar."""
     store.write(lambda w: append(w, obj))
 
 
-def _public(key: int, entry: dict[str, Any], live: bool | None = None) -> dict[str, Any]:
+def stamp(entry: Line, key: str) -> int:
+    """One of the stamps append gives every stored line (_seq, _time, _prev)."""
+    value = entry.get(key)
+    return value if isinstance(value, int) else 0
+
+
+def _public(key: int, entry: Line, live: bool | None = None) -> Line:
     out = {k: v for k, v in entry.items() if not k.startswith("_")}
     out["line"] = key
     out["seq"] = entry["_seq"]
-    out["time"] = iso_time(entry["_time"])
+    out["time"] = iso_time(stamp(entry, "_time"))
     if live is not None:
         out["live"] = live
     return out
 
 
-def chain(r: ReadTxn, head: int) -> list[tuple[int, dict[str, Any]]]:
+def chain(r: ReadTxn, head: int) -> list[tuple[int, Line]]:
     """The branch ending at head, oldest first."""
     out = list(_back_from(r, head))
     out.reverse()
     return out
 
 
-def live_lines(r: ReadTxn, head: int | None = None) -> list[dict[str, Any]]:
+def live_lines(r: ReadTxn, head: int | None = None) -> list[Line]:
     if head is None:
         head = r.meta_int(CONV_HEAD_KEY, 0)
     return [_public(k, e) for k, e in chain(r, head)]
 
 
-def all_lines(r: ReadTxn) -> list[dict[str, Any]]:
+def all_lines(r: ReadTxn) -> list[Line]:
     live = {k for k, _ in chain(r, r.meta_int(CONV_HEAD_KEY, 0))}
     return [_public(from_u64(k), unpack_obj(v), from_u64(k) in live)
             for k, v in r.range_from(CONV)]
@@ -89,7 +96,7 @@ def live_text_after(store: Store, known: tuple[int, bytes] | None) -> tuple[int,
         head = r.meta_int(CONV_HEAD_KEY, 0)
         if known is not None and known[0] == head:
             return known
-        new: list[tuple[int, dict[str, Any]]] = []
+        new: list[tuple[int, Line]] = []
         base = b""
         for key, entry in _back_from(r, head):
             if known is not None and key == known[0]:
@@ -116,7 +123,7 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     """
     last_word = _last_word_after(r, head, start_seq, seq)
     for _key, entry in _back_from(r, head):
-        line_seq = entry["_seq"]
+        line_seq = stamp(entry, "_seq")
         if line_seq > seq:
             continue
         if line_seq < start_seq:
@@ -138,7 +145,7 @@ def summary_before(r: ReadTxn, start_seq: int, seq: int, head: int) -> str | Non
     return last_word
 
 
-def _back_from(r: ReadTxn, head: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _back_from(r: ReadTxn, head: int) -> Iterator[tuple[int, Line]]:
     """The branch ending at head as (key, line), newest first, read only as far as the
     caller goes (a log row looks at the lines of its own group, not the whole conversation)."""
     key = head
@@ -146,9 +153,9 @@ def _back_from(r: ReadTxn, head: int) -> Iterator[tuple[int, dict[str, Any]]]:
         raw = r.get(CONV, u64(key))
         if raw is None:
             return
-        entry: dict[str, Any] = unpack_obj(raw)
+        entry: Line = unpack_obj(raw)
         yield key, entry
-        key = entry["_prev"]
+        key = stamp(entry, "_prev")
 
 
 def _last_word_after(r: ReadTxn, head: int, start_seq: int, seq: int) -> str | None:
@@ -160,12 +167,12 @@ def _last_word_after(r: ReadTxn, head: int, start_seq: int, seq: int) -> str | N
     word = None
     tip = head
     for k, v in r.range_from(CONV, u64(head + 1)):
-        entry = unpack_obj(v)
-        if entry["_seq"] > seq:
+        entry: Line = unpack_obj(v)
+        if stamp(entry, "_seq") > seq:
             break  # keys and seqs grow together: no later line is earlier
-        if entry["_seq"] <= start_seq:
+        if stamp(entry, "_seq") <= start_seq:
             continue  # logged before this group's first change: another branch's
-        if entry["_prev"] != tip:
+        if stamp(entry, "_prev") != tip:
             continue  # another branch
         tip = from_u64(k)
         if entry.get("event") == "Stop":

@@ -21,13 +21,13 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from overlayckpt.core.conversation import chain
 from overlayckpt.core.delta import differing
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.timeline import FileChange, Timeline
 from overlayckpt.errors import UserError
+from overlayckpt.messages import ForkMade, ForksReply
 from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import Store, forks_of, parent_of
 from overlayckpt.store.txn import ReadTxn, WriteTxn
@@ -74,7 +74,7 @@ def forget_fork(w: WriteTxn, path: str) -> bool:
     return True
 
 
-def make_fork(r: ReadTxn, ck: Checkpoint, path: str) -> dict[str, Any]:
+def make_fork(r: ReadTxn, ck: Checkpoint, path: str) -> ForkMade:
     """Create the fork's store at path from checkpoint ck of r's store (a read view of
     the parent, recorded as forked already: record_fork). No block is copied."""
     parent = r.store
@@ -130,7 +130,7 @@ def _conversation(r: ReadTxn, head: int) -> list[tuple[bytes, bytes]]:
     return sorted((u64(key), pack_obj({**entry, "_seq": 0})) for key, entry in chain(r, head))
 
 
-def fork_info(r: ReadTxn) -> dict[str, Any]:
+def fork_info(r: ReadTxn) -> ForksReply:
     """Where a session forked from (None) and its forks (store -> checkpoint)."""
     parent = parent_of(r)
     return {"parent": None if parent is None else {"store": parent[0], "checkpoint": parent[1]},

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 
 from overlayckpt.core import history
 from overlayckpt.core.groups import open_group_spans
+from overlayckpt.messages import Change, FileChange
 from overlayckpt.records import (
     Checkpoint,
     JournalRecord,
@@ -33,7 +34,7 @@ from overlayckpt.records import (
 from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import CKPTS, GROUPFILES, GROUPFILES_KEY, JOURNAL, META
 
-GONE = "gone"
+GONE = Change.GONE
 _COUNTS = b"\0"  # after the group's seq: the key of its counts row
 Counts = dict[str, list[int]]  # net change -> [paths in the work tree, in git's internals]
 
@@ -69,17 +70,17 @@ def _counted(rows: Iterable[tuple[str, str]]) -> Counts:
 
 def fold(before: str | None, change: str) -> str:
     """A path's net change in a group, given its net change so far and the next one."""
-    if change == "<":
-        return "D" if before != "A" else GONE
-    if before == "A" and change == "D":
+    if change == Change.BEFORE:
+        return Change.DELETED if before != Change.ADDED else GONE
+    if before == Change.ADDED and change == Change.DELETED:
         return GONE
-    if before == "A" and change in ("M", "R"):
-        return "A"
-    if before == "D" and change in ("A", "R"):
-        return "M"
-    if before == GONE and change == "A":
-        return "A"
-    return change if before is None or change != "M" else before
+    if before == Change.ADDED and change in (Change.MODIFIED, Change.RENAMED):
+        return Change.ADDED
+    if before == Change.DELETED and change in (Change.ADDED, Change.RENAMED):
+        return Change.MODIFIED
+    if before == GONE and change == Change.ADDED:
+        return Change.ADDED
+    return change if before is None or change != Change.MODIFIED else before
 
 
 def _encode(path: str) -> bytes:
@@ -155,7 +156,7 @@ def change_of(r: ReadTxn, ck: Checkpoint, path: str) -> str | None:
     return None if change == GONE else change
 
 
-def files(r: ReadTxn, ck: Checkpoint) -> list[dict[str, str]]:
+def files(r: ReadTxn, ck: Checkpoint) -> list[FileChange]:
     """The net file changes of checkpoint ck's group, by path (rows)."""
     return [{"path": path, "change": change} for path, change in rows(r, ck)]
 

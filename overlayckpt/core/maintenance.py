@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
-from typing import Any
 
 import blake3
 import trio
@@ -23,6 +22,7 @@ from overlayckpt.core.journal import records
 from overlayckpt.core.sweep import children_of, in_tree, named_of, sweep
 from overlayckpt.core.validate import VALIDATED_TABLES, record_problem
 from overlayckpt.core.workers import read_off_loop
+from overlayckpt.messages import FsckReport, GcReply, GcReport
 from overlayckpt.records import (
     T_BMAP,
     WHITEOUT,
@@ -73,10 +73,11 @@ def referenced_blocks(r: ReadTxn, forks: bool = True) -> set[bytes]:
     return refs
 
 
-def fsck(store: Store) -> dict[str, Any]:
+def fsck(store: Store) -> FsckReport:
     problems: list[str] = []
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
+    def fn(r: ReadTxn) -> tuple[int, int, int, int]:
+        """blocks, referenced, checkpoints, journal records; problems into problems"""
         nblocks = 0
         for digest, raw in r.range_from(BLOCKS):
             nblocks += 1
@@ -89,8 +90,7 @@ def fsck(store: Store) -> dict[str, Any]:
                 problems.append(f"block {digest.hex()} does not match its digest")
         problems.extend(record_problems(r, store.block_size))
         if problems:  # a malformed record may not decode where the checks below read it
-            return {"blocks": nblocks, "referenced": 0, "checkpoints": r.count(CKPTS),
-                    "journal": r.count(JOURNAL)}
+            return nblocks, 0, r.count(CKPTS), r.count(JOURNAL)
         refs = referenced_blocks(r, forks=False)  # (each fork's fsck checks its own)
         for digest in sorted(refs):
             if r.get(BLOCKS, digest) is None and parent_block(r, digest) is None:
@@ -116,10 +116,10 @@ def fsck(store: Store) -> dict[str, Any]:
             if from_u64(v) not in ids:
                 problems.append(f"name {name.decode(errors='replace')} points to missing checkpoint")
         problems.extend(_history_problems(r))
-        return {"blocks": nblocks, "referenced": len(refs), "checkpoints": len(ids),
-                "journal": r.count(JOURNAL)}
-    result = store.read(fn)
-    return {"clean": not problems, "problems": problems, **result}
+        return nblocks, len(refs), len(ids), r.count(JOURNAL)
+    blocks, referenced, checkpoints, journal = store.read(fn)
+    return {"clean": not problems, "problems": problems, "blocks": blocks,
+            "referenced": referenced, "checkpoints": checkpoints, "journal": journal}
 
 
 _MAX_PROBLEMS = 100  # of malformed records: enough to say what is wrong, not a flood
@@ -201,7 +201,7 @@ def gc_plan(r: ReadTxn) -> GcPlan:
     return GcPlan(r.meta_int(SEQ_KEY, 1), [d for d, _ in r.range_from(BLOCKS) if d not in refs])
 
 
-def gc_apply(w: WriteTxn, plan: GcPlan) -> dict[str, Any]:
+def gc_apply(w: WriteTxn, plan: GcPlan) -> GcReport:
     """Delete the plan's blocks that nothing has referred to since (a short write: the
     records since the plan's snapshot name every block written or replaced meanwhile)."""
     since: set[bytes] = set()
@@ -224,7 +224,7 @@ def gc_apply(w: WriteTxn, plan: GcPlan) -> dict[str, Any]:
             "kept_blocks": w.count(BLOCKS)}
 
 
-def gc(store: Store) -> dict[str, Any]:
+def gc(store: Store) -> GcReport:
     return store.write(lambda w: gc_apply(w, gc_plan(w)))
 
 
@@ -345,7 +345,7 @@ def apply_merge(w: WriteTxn, m: Merge, done: Merged) -> int:
     return gone
 
 
-async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, Any]:
+async def thin(store: Store, budget: int, then_gc: bool = False) -> GcReply:
     """thin (and gc) with every scan in a worker thread and each write a short slice on
     the calling (writer's) thread, so the requests of a mount are served in between."""
     thinned = 0
@@ -353,7 +353,7 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
         done = await read_off_loop(store, lambda r: merge_slice(r, m))  # noqa: B023  (awaited here)
         thinned += store.write(lambda w: apply_merge(w, m, done))  # noqa: B023  (called at once)
         await trio.sleep(0)
-    result: dict[str, Any] = {"thinned": thinned}
+    result: GcReply = {"thinned": thinned}
     if thinned or then_gc:
         result.update(await sweep(store))  # (what it deletes stays referenced by its record)
         plan = await read_off_loop(store, gc_plan)
@@ -361,13 +361,13 @@ async def thin(store: Store, budget: int, then_gc: bool = False) -> dict[str, An
     return result
 
 
-def repair(store: Store) -> dict[str, Any]:
+def repair(store: Store) -> list[str]:
     """Drop what cannot be trusted: corrupt blocks and names of missing checkpoints.
 
     A reference to a lost block stays (its file then reads as an I/O error at
     that block), so nothing that is still intact is thrown away.
     """
-    def fn(w: WriteTxn) -> dict[str, Any]:
+    def fn(w: WriteTxn) -> list[str]:
         dropped = []
         for digest, raw in list(w.range_from(BLOCKS)):
             try:
@@ -387,5 +387,5 @@ def repair(store: Store) -> dict[str, Any]:
             history.ensure(w)
             groupfiles.ensure(w)
             dropped.append("the history index (rebuilt from the journal)")
-        return {"dropped": dropped}
+        return dropped
     return store.write(fn)

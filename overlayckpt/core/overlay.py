@@ -25,6 +25,7 @@ from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, n
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
+from overlayckpt.messages import Change
 from overlayckpt.records import (
     CONTROL_NAME,
     F_OPAQUE,
@@ -249,7 +250,7 @@ class Overlay(Tree):
             ino, node = self._new_node(m, parent, pnode, mode, uid, gid, rdev, target)
             self._link_entry(m, parent, name, ino)
             self._touch_parent(m, parent, 1 if stat.S_ISDIR(mode) else 0)
-            m.touched(self.child_path(parent, name), "A")
+            m.touched(self.child_path(parent, name), Change.ADDED)
             return ino, node
         return self._mutate(caller, op, fn)
 
@@ -267,7 +268,7 @@ class Overlay(Tree):
             self._save(m, ino, node)
             self._link_entry(m, parent, name, ino)
             self._touch_parent(m, parent)
-            m.touched(self.child_path(parent, name), "A")
+            m.touched(self.child_path(parent, name), Change.ADDED)
             return node
         return self._mutate(caller, "link", fn)
 
@@ -291,7 +292,7 @@ class Overlay(Tree):
             self._save(m, ino, node)
             self._unlink_entry(m, parent, pnode, name)
             self._touch_parent(m, parent, -1 if is_rmdir else 0)
-            m.touched(path, "D")
+            m.touched(path, Change.DELETED)
             return ino
         return self._mutate(caller, "rmdir" if is_rmdir else "unlink", fn)
 
@@ -327,8 +328,8 @@ class Overlay(Tree):
                 snode.parent, dnode.parent = p2, p1
                 self._save(m, src, snode)
                 self._save(m, dst, dnode)
-                m.touched(new_path, "R")
-                m.touched(old_path, "R")
+                m.touched(new_path, Change.RENAMED)
+                m.touched(old_path, Change.RENAMED)
                 return None
             if dst is not None:
                 if flags & RENAME_NOREPLACE:
@@ -357,8 +358,9 @@ class Overlay(Tree):
                     self._touch_parent(m, p2)
             snode.parent = p2
             self._save(m, src, snode)
-            m.touched(new_path, "M" if dst is not None else "R")  # an atomic save modifies
-            m.touched(old_path, "<")
+            # an atomic save modifies
+            m.touched(new_path, Change.MODIFIED if dst is not None else Change.RENAMED)
+            m.touched(old_path, Change.BEFORE)
             return dst
         return self._mutate(caller, "rename", fn)
 
@@ -384,7 +386,7 @@ class Overlay(Tree):
             if mtime_ns is not None:
                 node.mtime_ns = mtime_ns
             self._save(m, ino, node, mtime=size is not None and mtime_ns is None)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
             return node
         return self._mutate(caller, "truncate" if size is not None else "setattr", fn)
 
@@ -404,7 +406,7 @@ class Overlay(Tree):
             else:
                 m.put(T_XATTRS, key, value)
             self._save(m, ino, node)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
         self._mutate(caller, "setxattr" if value is not None else "removexattr", fn)
 
     # -- content --------------------------------------------------------------
@@ -498,7 +500,7 @@ class Overlay(Tree):
             if end > node.size:
                 node.size = end
             self._save(m, ino, node, mtime=True)
-            m.touched(self.path_of(ino), "M")
+            m.touched(self.path_of(ino), Change.MODIFIED)
             if logged is not None:
                 m.w.put(META, WRITE_BEHIND_KEY, logged)
             return len(data)

@@ -15,6 +15,7 @@ import stat
 import zlib
 
 from overlayckpt.core.timeline import FileChange
+from overlayckpt.messages import Change
 from overlayckpt.names import quote_path
 
 _B85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
@@ -213,8 +214,8 @@ def render(changes: list[FileChange]) -> str:
         if c.old and c.new and old_mode != new_mode:
             if (old_mode == "120000") != (new_mode == "120000"):
                 # a file became a symlink or back: git wants a delete and an add
-                parts.append(render([FileChange(path, "D", c.old, None)]))
-                parts.append(render([FileChange(path, "A", None, c.new)]))
+                parts.append(render([FileChange(path, Change.DELETED, c.old, None)]))
+                parts.append(render([FileChange(path, Change.ADDED, None, c.new)]))
                 continue
             head += [f"old mode {old_mode}\n", f"new mode {new_mode}\n"]
         if c.old is None:

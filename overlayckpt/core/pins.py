@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from overlayckpt.core.lower import Lower, Pin, PinLookup, PinStat, join
 from overlayckpt.errors import FsError
@@ -25,7 +25,18 @@ def pin_key(path: bytes) -> bytes:
     return path_key(b"/", path)  # LMDB keys cannot be empty, and the root's path is b""
 
 
-def pinned_path(key: bytes, rec: dict[str, Any]) -> bytes:
+class PinRecord(TypedDict):
+    """A pin as stored (table pinned): the repo entry's stat fields and xattrs, and what
+    its type has (a directory's names, a link's target, a file's blocks)."""
+    st: list[int]
+    xattrs: dict[bytes, bytes]
+    entries: NotRequired[list[bytes]]
+    target: NotRequired[bytes]
+    blocks: NotRequired[list[bytes]]
+    path: NotRequired[bytes]  # when too long for the key
+
+
+def pinned_path(key: bytes, rec: PinRecord) -> bytes:
     """The path of the pin at key (rec: its record, which keeps a path too long for a key)."""
     return rec["path"] if path_cut(key, 1) else key[1:]
 
@@ -79,7 +90,7 @@ def pin(store: Store, lower: Lower, path: bytes, recursive: bool) -> int:
     if lower.pins is not None and lower.pins(path) is not None:
         return 0
     n = 1
-    rec: dict[str, Any] = {"st": PinStat.fields(st), "xattrs": lower.xattrs(path)}
+    rec: PinRecord = {"st": PinStat.fields(st), "xattrs": lower.xattrs(path)}
     if stat.S_ISDIR(st.st_mode):
         entries = lower.listdir(path)
         rec["entries"] = [name for name, _ in entries]

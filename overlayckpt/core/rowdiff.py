@@ -19,6 +19,7 @@ from overlayckpt.core.patch import stat_lines
 from overlayckpt.core.timeline import FileChange
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
+from overlayckpt.messages import Change
 from overlayckpt.records import Checkpoint, u64
 from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import CKPTS
@@ -109,7 +110,7 @@ def base_of(r: ReadTxn, ck: Checkpoint, before: Checkpoint) -> Checkpoint:
 
 def _change(path: str, a: Seen, b: Seen) -> tuple[FileChange, bool]:
     """The change, and whether both sides were read whole (else no lines are counted)."""
-    code = "A" if a is None else "D" if b is None else "M"
+    code = Change.ADDED if a is None else Change.DELETED if b is None else Change.MODIFIED
     read = all(side is None or side[2] is not None for side in (a, b))
     return FileChange(path, code, None if a is None else (a[0], a[2] or b""),
                       None if b is None else (b[0], b[2] or b"")), read

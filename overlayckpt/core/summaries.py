@@ -3,14 +3,13 @@ and a one-line summary (from the conversation, the message, git's own record of 
 it did, or the files)."""
 from __future__ import annotations
 
-from typing import Any
-
 from overlayckpt.core import groupfiles
 from overlayckpt.core.conversation import summary_before
 from overlayckpt.core.groupfiles import is_internal
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.tree import Tree
 from overlayckpt.errors import FsError
+from overlayckpt.messages import Change, FileChange, LogEntry
 from overlayckpt.records import Checkpoint, iso_time, u64
 from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import META, RESTORE_FILES_KEY
@@ -40,7 +39,7 @@ class Files:
 
 
 def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None,
-                     listed: int | None = None, everything: bool = True) -> dict[str, Any]:
+                     listed: int | None = None, everything: bool = True) -> LogEntry:
     """files_at: to name git operations from git's own records (without it: from paths).
     "files": the first `listed` (None: all) of its files, git's internals too if
     everything; "files_total": how many there are."""
@@ -72,18 +71,18 @@ def checkpoint_entry(r: ReadTxn, ck: Checkpoint, files_at: Files | None = None,
 
 
 def _read_rows(r: ReadTxn, ck: Checkpoint, work_n: dict[str, int], internal_n: int, shown_n: int,
-               everything: bool) -> tuple[list[dict[str, str]], list[dict[str, str]], dict[str, str]]:
+               everything: bool) -> tuple[list[FileChange], list[FileChange], dict[str, str]]:
     """(the files shown, the work tree's files read, every internal path's change), reading
     ck's rows only as far as these and describe's first names of each change need."""
-    files: list[dict[str, str]] = []
-    work: list[dict[str, str]] = []
+    files: list[FileChange] = []
+    work: list[FileChange] = []
     internal: dict[str, str] = {}
     names_left = sum(min(3, n) for n in work_n.values())
     named: dict[str, int] = {}
     for path, change in groupfiles.rows(r, ck):
         if len(files) >= shown_n and not names_left and len(internal) >= internal_n:
             break
-        f = {"path": path, "change": change}
+        f: FileChange = {"path": path, "change": change}
         inside = is_internal(path)
         if inside:
             internal[path] = change
@@ -97,7 +96,7 @@ def _read_rows(r: ReadTxn, ck: Checkpoint, work_n: dict[str, int], internal_n: i
     return files, work, internal
 
 
-def git_summary(ck: Checkpoint, internal: dict[str, str], work: list[dict[str, str]],
+def git_summary(ck: Checkpoint, internal: dict[str, str], work: list[FileChange],
                 work_n: dict[str, int], files_at: Files | None) -> str | None:
     """What git did, when a checkpoint changed .git: `git commit "subject"`, `git checkout
     main`..., then what it did to the work tree (work: its first files, work_n: how many
@@ -123,7 +122,7 @@ def _reflog_lines(ck: Checkpoint, files_at: Files) -> list[str]:
 def _new_branches(internal: dict[str, str]) -> list[str]:
     # git creates a branch's reflog with it (its ref file arrives by a rename: "R")
     prefix = ".git/logs/refs/heads/"
-    return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == "A"]
+    return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == Change.ADDED]
 
 
 def _from_reflog(moves: list[str], internal: dict[str, str], work_changed: bool) -> str:
@@ -150,7 +149,7 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
         msg = files_at.read(ck.seq, ".git/COMMIT_EDITMSG", limit=200) if files_at else None
         subject = msg[1].decode(errors="replace").strip().split("\n")[0] if msg else ""
         return f'git commit "{subject}"' if subject else "git commit"
-    if internal.get(".git/HEAD") == "A":
+    if internal.get(".git/HEAD") == Change.ADDED:
         return "git init"
     branches = _new_branches(internal)
     if branches:
@@ -170,10 +169,11 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
     return f"git: {describe([{'path': p, 'change': c} for p, c in internal.items()])}"
 
 
-def describe(files: list[dict[str, str]], totals: dict[str, int] | None = None) -> str:
+def describe(files: list[FileChange], totals: dict[str, int] | None = None) -> str:
     """totals: how many files of each change there are, when files holds only the first
     three of each (else files is all of them)."""
-    words = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed"}
+    words: dict[str, str] = {Change.ADDED: "added", Change.MODIFIED: "modified",
+                             Change.DELETED: "deleted", Change.RENAMED: "renamed"}
     by: dict[str, list[str]] = {}  # the first 3 names of each kind
     counts: dict[str, int] = {}
     for f in files:

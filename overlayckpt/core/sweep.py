@@ -14,12 +14,11 @@ if nothing else was journaled since the sweep looked: whatever changed meanwhile
 """
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
 from overlayckpt.core.journal import Caller, append, close_open_group, next_seq
 from overlayckpt.core.workers import read_off_loop
+from overlayckpt.messages import SweepReport
 from overlayckpt.records import (
     FIRST_UPPER_KEY,
     T_BMAP,
@@ -111,7 +110,7 @@ def _delete(w: WriteTxn, inodes: list[bytes]) -> int:
     return len(undo)
 
 
-async def sweep(store: Store) -> dict[str, Any]:
+async def sweep(store: Store) -> SweepReport:
     """Delete the unnamed overlay inodes, slice by slice (the scan off the loop)."""
     seq, order = await read_off_loop(store, lambda r: (next_seq(r), unnamed(r)))
     swept = keys = 0

@@ -39,6 +39,7 @@ from overlayckpt.core.journal import (
 )
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
+from overlayckpt.messages import Change, RestoreReply
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
 from overlayckpt.records import (
     FIRST_UPPER_INO,
@@ -242,7 +243,7 @@ class Timeline:
     # -- restore --------------------------------------------------------------
 
     async def restore(self, ref: Any, caller: Caller, paths: list[str] | None = None,
-                      what: str = "both") -> dict[str, Any]:
+                      what: str = "both") -> RestoreReply:
         """Put code, conversation or both back to a checkpoint, in one transaction.
 
         The values to put back are found first, in a worker thread and a snapshot, while
@@ -266,7 +267,7 @@ class Timeline:
         if (changed or listing) and self.ctx.mountpoint is not None:
             # (a system task: the daemon waits for its worker at exit, workers.wait_idle)
             trio.lowlevel.spawn_system_task(self.complete_restores_later)
-        return {"id": ck.id, "restored": ck.restored_from, "what": what,
+        return {"id": ck.id, "restored": prep.target.id, "what": what,
                 "changed_keys": len(changed), "warnings": prep.warnings, "took_ms": took.ms}
 
     def _write_restore(self, w: WriteTxn, prep: Prepared, caller: Caller,
@@ -621,12 +622,10 @@ class Timeline:
             eb = {n: (c, cn) for n, c, cn in self.ov.entries(sb, ib)} if ib is not None else {}
         for name in sorted(set(ea) | set(eb)):
             path = prefix + os.fsdecode(name)
-            a = ea.get(name)
-            b = eb.get(name)
+            a, b = ea.get(name), eb.get(name)
             na = (a[1] or self.ov.node(sa, a[0])) if a else None
             nb = (b[1] or self.ov.node(sb, b[0])) if b else None
-            a_dir = na is not None and na.is_dir
-            b_dir = nb is not None and nb.is_dir
+            a_dir, b_dir = na is not None and na.is_dir, nb is not None and nb.is_dir
             if a and b and a[0] == b[0] and a[0] not in dirty_inos and a[0] not in dirty_dirs:
                 continue  # same inode, untouched in between: same content and subtree
             if a_dir or b_dir:
@@ -637,13 +636,14 @@ class Timeline:
             has_a, has_b = a is not None and not a_dir, b is not None and not b_dir
             if not content:
                 if has_a or has_b:
-                    out.append(FileChange(path, "M" if has_a and has_b else "A" if has_b else "D",
-                                          None, None))
+                    code = (Change.MODIFIED if has_a and has_b
+                            else Change.ADDED if has_b else Change.DELETED)
+                    out.append(FileChange(path, code, None, None))
                 continue
             ca = self._content(sa, a[0], na) if has_a else None  # type: ignore[index, arg-type]  # has_a: a and na are set
             cb = self._content(sb, b[0], nb) if has_b else None  # type: ignore[index, arg-type]  # has_b: b and nb are set
             if ca == cb:
                 continue
-            change = "A" if ca is None else "D" if cb is None else "M"
+            change = Change.ADDED if ca is None else Change.DELETED if cb is None else Change.MODIFIED
             out.append(FileChange(path, change, ca, cb))
 

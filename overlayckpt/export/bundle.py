@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -45,6 +45,7 @@ from overlayckpt.export.identity import (
     lower_links,
     seen_files,
 )
+from overlayckpt.messages import ExportBundleReply
 from overlayckpt.records import (
     CONTROL_INO_BASE,
     FIRST_UPPER_INO,
@@ -77,25 +78,26 @@ _FLUSH = 1 << 20
 HEADER_MAX = RECORD_MAX  # bytes of the header (lower_files grows with the files a session touched)
 _CHUNK = 1 << 16  # bytes inflated at a time
 
-def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -> dict[str, Any]:
+def write_bundle(store: Store, path: str, info: Mapping[str, object], lower_fd: int
+                 ) -> ExportBundleReply:
     """Write every table of the store, as one consistent snapshot, into a bundle file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     counts: dict[str, int] = {}
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
+    def fn(r: ReadTxn) -> None:
         lower, pinned = lower_identity(r)
         identity = identities(lower_fd)
+        files = lower_files(r, identity, lower)
         header = {"bundle": BUNDLE_MAGIC, "version": BUNDLE_VERSION, "format": r.meta_int(FORMAT_KEY),
                   "block_size": store.block_size, "tables": [t.decode() for t in BUNDLE_TABLES],
                   "created": iso_time(time.time_ns()), "lower": lower, "pinned": pinned,
-                  "lower_files": lower_files(r, identity, lower),
-                  "seen_files": seen_files(r, identity), **info}
-        header["lower_links"] = lower_links(identity, header["lower_files"])
+                  "lower_files": files, "seen_files": seen_files(r, identity),
+                  "lower_links": lower_links(identity, files), **info}
         packer = msgpack.Packer()
         buf = bytearray(packer.pack(header))
         if len(buf) > HEADER_MAX:
             raise UserError(f"the session refers to too many repo files for a bundle "
-                            f"({len(header['lower_files'])}): it cannot be exported")
+                            f"({len(files)}): it cannot be exported")
         # it holds every captured file: the owner's alone, whatever the umask
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
@@ -121,11 +123,9 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
                 z.write(bytes(buf))
             f.flush()
             os.fsync(f.fileno())
-        return {"checkpoints": counts["ckpts"], "blocks": counts["blocks"],
-                "journal": counts["journal"]}
 
     try:
-        result = store.read(fn)
+        store.read(fn)
         os.replace(tmp, path)
     except OSError as e:
         unlink_quietly(tmp)
@@ -133,7 +133,8 @@ def write_bundle(store: Store, path: str, info: dict[str, Any], lower_fd: int) -
     except BaseException:
         unlink_quietly(tmp)
         raise
-    return {"path": path, "bytes": os.path.getsize(path), "records": counts, **result}
+    return {"path": path, "bytes": os.path.getsize(path), "records": counts,
+            "checkpoints": counts["ckpts"], "blocks": counts["blocks"], "journal": counts["journal"]}
 
 
 def _entries(r: ReadTxn, table: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -296,7 +297,7 @@ class BundleReader:
         self.f.close()
 
 
-def header_problem(h: dict[str, Any]) -> str | None:
+def header_problem(h: Mapping[str, object]) -> str | None:
     """What is wrong with a bundle's header (already known to be one, of this version), or
     None: every field against the schema, every path of single components."""
     why = block_size_problem(h.get("block_size"))
@@ -310,7 +311,7 @@ def header_problem(h: dict[str, Any]) -> str | None:
             or not all(isinstance(t, str) and t.encode() in BUNDLE_TABLES for t in tables)):
         return "names tables this overlayckpt does not know"
     for key in ("repo", "created", "session"):
-        if key in h and not (isinstance(h[key], str) and len(h[key]) <= PATH_MAX):
+        if key in h and not (isinstance(value := h[key], str) and len(value) <= PATH_MAX):
             return f"has a malformed {key}"
     if "window" in h and not finite_number(h["window"], 0, 1e12):  # (seconds; 1e9: for good)
         return "has a malformed window"

@@ -46,7 +46,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import trio
@@ -66,6 +66,7 @@ from overlayckpt.export.gitnames import (
     ref_name_ok,
     session_name,
 )
+from overlayckpt.messages import Exported, ExportGitReply, LogEntry, Ref
 from overlayckpt.records import ROOT_INO, Checkpoint, Node, iso_time, u64, unpack_obj
 from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import CONV
@@ -92,7 +93,7 @@ class GitExport:
         self.branch = name
         self.ref = f"refs/heads/{name}"
 
-    async def run(self, since: Any, limit: int) -> dict[str, Any]:
+    async def run(self, since: Ref | None, limit: int) -> ExportGitReply:
         self.tl.seal()  # pending changes become a checkpoint, so the export is up to date
         tmpdir = tempfile.mkdtemp(prefix="overlayckpt-export-")
         try:
@@ -100,7 +101,7 @@ class GitExport:
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
-    async def _run(self, git: Git, tmpdir: str, since: Any, limit: int) -> dict[str, Any]:
+    async def _run(self, git: Git, tmpdir: str, since: Ref | None, limit: int) -> ExportGitReply:
         if git.head_file() == b"ref: " + self.ref.encode():
             raise UserError(f"branch {self.branch} is checked out in {self.s.repo}: export to another "
                             "--branch (export never touches the checked-out branch)")
@@ -117,11 +118,9 @@ class GitExport:
             remaining = len(todo)
             if limit:
                 todo = todo[:limit]
-            result: dict[str, Any] = {"branch": self.branch, "ref": self.ref, "exported": [],
-                                      "tip": tip, "last": last.id if last else None}
             if not todo:
-                result["remaining"] = 0
-                return result
+                return {"branch": self.branch, "ref": self.ref, "exported": [], "tip": tip,
+                        "last": last.id if last else None, "remaining": 0}
             stream = Stream(os.path.join(tmpdir, "stream"))
             try:
                 await self._write(git, r, stream, todo, last, tip, origin)
@@ -140,11 +139,11 @@ class GitExport:
                                 "run the export again")
             raise UserError(f"git fast-import failed: {err}")
         commits = self._read_marks(marks)
-        exported = [{"id": ck.id, "commit": commits[ck.id + 1]} for ck in todo]
+        exported: list[Exported] = [{"id": ck.id, "commit": commits[ck.id + 1]} for ck in todo]
         log.info("exported checkpoints %d..%d to %s", todo[0].id, todo[-1].id, self.ref)
-        result.update(exported=exported, tip=exported[-1]["commit"], last=todo[-1].id,
-                      remaining=remaining - len(todo))
-        return result
+        return {"branch": self.branch, "ref": self.ref, "exported": exported,
+                "tip": exported[-1]["commit"], "last": todo[-1].id,
+                "remaining": remaining - len(todo)}
 
     async def _tip(self, git: Git) -> tuple[str | None, bytes]:
         proc = await git.run("cat-file", "--batch", stdin=self.ref.encode() + b"\n")
@@ -323,9 +322,9 @@ class GitExport:
 
     # -- messages -----------------------------------------------------------------
 
-    def _message(self, r: ReadTxn, ck: Checkpoint, prev: Checkpoint | None, entry: dict[str, Any],
+    def _message(self, r: ReadTxn, ck: Checkpoint, prev: Checkpoint | None, entry: LogEntry,
                  origin: str) -> str:
-        subject = one_line(entry.get("summary") or f"checkpoint {ck.id}", 120)
+        subject = one_line(entry["summary"] or f"checkpoint {ck.id}", 120)
         parts = [subject, ""]
         conv = self._conversation(r, ck, prev)
         if conv:
@@ -347,19 +346,20 @@ class GitExport:
     def _conversation(self, r: ReadTxn, ck: Checkpoint, prev: Checkpoint | None) -> list[str]:
         """The lines that joined the conversation between prev and ck, oldest first."""
         floor = prev.conv_head if prev is not None else 0
-        lines: list[dict[str, Any]] = []
+        lines: list[Mapping[str, object]] = []  # (a line: what its writer sent, plus ours)
         key = ck.conv_head
         extra = 0
         while key and key > floor:
             raw = r.get(CONV, u64(key))
             if raw is None:
                 break
-            line: dict[str, Any] = unpack_obj(raw)
+            line: Mapping[str, object] = unpack_obj(raw)
             if len(lines) < CONV_LINES:
                 lines.append(line)
             else:
                 extra += 1
-            key = line.get("_prev", 0)
+            prev_key = line.get("_prev", 0)
+            key = prev_key if isinstance(prev_key, int) else 0
         lines.reverse()
         out = [f"  ({extra} earlier lines left out)"] if extra else []
         for line in lines:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from typing import Any
+from typing import Any, TypedDict
 
 import blake3
 
@@ -30,7 +30,15 @@ def _store_is_empty(store: Store) -> bool:
     return store.read(fn)
 
 
-def import_bundle(path: str, store_dir: str | None, repo: str | None) -> dict[str, Any]:
+class Imported(TypedDict):
+    store: str
+    repo: str
+    checkpoints: int
+    blocks: int
+    records: dict[str, int]  # entries per table
+
+
+def import_bundle(path: str, store_dir: str | None, repo: str | None) -> Imported:
     """Load a bundle into a new, empty store. The bundle is untrusted: its header was checked
     as it was read (BundleReader), every record is checked here against the tables' schema
     (core/validate.py) before it is stored, and a refused bundle leaves nothing behind (no

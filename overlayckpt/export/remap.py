@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+from collections.abc import Mapping
 from typing import Any
 
 from overlayckpt.core.pins import seen_fingerprint
@@ -40,10 +41,17 @@ from overlayckpt.tables import (
 )
 
 
-def check_repo(header: dict[str, Any], repo: str) -> None:
+def _rows(header: Mapping[str, object], key: str) -> list[Any]:
+    """A list of the header's (bundle.header_problem checked its shape), empty if absent."""
+    rows = header.get(key, [])
+    assert isinstance(rows, list)
+    return rows
+
+
+def check_repo(header: Mapping[str, object], repo: str) -> None:
     """Refuse a repo that is not the directory the session recorded (its inodes differ)."""
-    pinned = {bytes(p) for p in header.get("pinned", [])}
-    for ino, origin in header.get("lower", []):
+    pinned = {bytes(p) for p in _rows(header, "pinned")}
+    for ino, origin in _rows(header, "lower"):
         if origin in pinned:
             continue  # the store keeps the original: what the repo holds now does not matter
         try:
@@ -56,15 +64,14 @@ def check_repo(header: dict[str, Any], repo: str) -> None:
                             "directory (--repo)")
 
 
-def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> Remap | None:
+def repo_remap(header: Mapping[str, object], repo: str, bundle_path: str) -> Remap | None:
     """How the inodes of the recorded repo become those of repo, after checking that repo
     holds what the session refers to; None when repo is the recorded directory (same inodes)."""
-    files = header.get("lower_files")
-    if files is None:  # a bundle from before lower_files: only the same directory will do
+    if header.get("lower_files") is None:  # a bundle from before lower_files: only the same directory will do
         check_repo(header, repo)
         return None
     # a number given out by the overlay (a pin an earlier import renumbered) is no repo's
-    files = [f for f in files if ROOT_INO < f[0] < FIRST_UPPER_INO]
+    files = [f for f in _rows(header, "lower_files") if ROOT_INO < f[0] < FIRST_UPPER_INO]
     dirfd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         # the same directory: nothing to hash or rewrite, exactly as before lower_files; a
@@ -92,7 +99,7 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> Remap | N
                                 "it was (--repo)")
             inos[ino] = lower_ino(found[0].st_ino)
         paths = {ino: path for ino, path, *_ in files}
-        for ino, nlink in header.get("lower_links", []):  # (absent from older bundles)
+        for ino, nlink in _rows(header, "lower_links"):  # (absent from older bundles)
             found = identity(paths[ino]) if ino in paths else None
             if found is not None and found[0].st_nlink != nlink:
                 name = os.fsdecode(paths[ino])
@@ -100,7 +107,7 @@ def repo_remap(header: dict[str, Any], repo: str, bundle_path: str) -> Remap | N
                                 f"was recorded on but {found[0].st_nlink} in {repo}: import into a "
                                 "checkout that keeps hard links, e.g. a 'cp -a' copy (--repo)")
         seen: dict[bytes, list[int]] = {}
-        for path, size, digest in header.get("seen_files", []):
+        for path, size, digest in _rows(header, "seen_files"):
             found = identity(path)
             if found is not None and found[1] == [stat.S_IFREG, size, digest]:
                 seen[path] = seen_fingerprint(found[0])

@@ -32,8 +32,9 @@ import logging
 import math
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import pyfuse3
 import trio
@@ -41,10 +42,12 @@ import trio
 from overlayckpt.agents.hooks import MAX_HOOK_LINE
 from overlayckpt.errors import FsError, Stopped, UserError
 from overlayckpt.fuse.attrs import VirtualAttr, virtual_attrs
+from overlayckpt.messages import InterruptRequest, Request, StatusReply, parse
 from overlayckpt.names import shown
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 KEPT = 3600.0  # seconds the kernel may keep what never changes (see the module doc)
 DIR_INO = CONTROL_INO_BASE + 1
@@ -69,11 +72,11 @@ FILES = {b"ctl": CTL_INO, b"status.json": STATUS_INO, b"conversation.jsonl": CON
          b"checkpoints": CKPTS_INO}
 
 
-def _no_constant(word: str) -> Any:
+def _no_constant(word: str) -> object:
     raise ValueError(f"{word} is not a JSON number")
 
 
-def _check_values(value: Any) -> None:
+def _check_values(value: object) -> None:
     """Refuse what no command takes, before any command sees it: a string with a NUL (no
     path, name or message holds one) or with a surrogate that is not one of a file name's
     undecodable bytes (U+DC80..U+DCFF: how a name that is not UTF-8 travels in JSON)."""
@@ -93,11 +96,11 @@ def _check_values(value: Any) -> None:
             _check_values(v)
 
 
-class Session(Protocol):
-    """What the control directory needs from the running session."""
+class ControlTarget(Protocol):
+    """What the control directory needs from the running session (service.session.Session)."""
 
-    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]: ...
-    def status(self) -> dict[str, Any]: ...
+    async def command(self, cmd: Request[R]) -> R: ...
+    def status(self) -> StatusReply: ...
     def conversation_text(self) -> bytes: ...
     def conversation_append(self, line: bytes) -> None: ...
 
@@ -126,7 +129,7 @@ class ControlHandle:
 
 
 class ControlFs:
-    def __init__(self, session: Session, views: Views | None = None) -> None:
+    def __init__(self, session: ControlTarget, views: Views | None = None) -> None:
         self.session = session
         self.views = views
         self._refuse_until = 0.0  # (trio clock) until then, commands get Stopped's line
@@ -282,8 +285,9 @@ class ControlFs:
     async def _run(self, h: ControlHandle, line: bytes) -> int | None:
         """Run one command line; the errno its failure gives the write, or None."""
         try:
-            cmd = json.loads(line, parse_constant=_no_constant)
-            _check_values(cmd)
+            raw = json.loads(line, parse_constant=_no_constant)
+            _check_values(raw)
+            cmd = parse(raw)
         except UserError as e:
             self._reply(h, {"ok": False, "error": str(e)})
             return errno.EINVAL
@@ -295,15 +299,13 @@ class ControlFs:
                                                          "or bytes that are not UTF-8")
             self._reply(h, {"ok": False, "error": f"malformed JSON: {why}"})
             return errno.EINVAL
-        if isinstance(cmd, dict) and cmd.get("cmd") == "interrupt":  # (not a session's command)
+        if isinstance(cmd, InterruptRequest):  # (not a session's command)
             self._reply(h, {"ok": True, "interrupted": await self.interrupt()})
             return None
         with trio.CancelScope() as scope:
             self._running.add(scope)
             try:
-                if not isinstance(cmd, dict) or not isinstance(cmd.get("cmd"), str):
-                    raise UserError('a command is a JSON object with a "cmd" string, e.g. {"cmd": "status"}')
-                if trio.current_time() < self._refuse_until and cmd["cmd"] not in INSTANT:
+                if trio.current_time() < self._refuse_until and cmd.CMD not in INSTANT:
                     raise Stopped()
                 # (a ValueError from inside a command is our bug, not malformed input: below)
                 result = await self.session.command(cmd)
@@ -316,7 +318,7 @@ class ControlFs:
                 return e.errno if store_failed else errno.EINVAL  # type: ignore[union-attr]  # store_failed: e is an FsError
             except Exception as e:  # a bad command must never take the daemon or the reply down
                 log.exception("control command failed: %r", line[:200])
-                self._reply(h, {"ok": False, "error": f"{shown(cmd.get('cmd'))} failed unexpectedly "
+                self._reply(h, {"ok": False, "error": f"{cmd.CMD} failed unexpectedly "
                                                      f"({e}): daemon.log has the details"})
                 return errno.EINVAL
             finally:
@@ -346,7 +348,7 @@ class ControlFs:
         await self.interrupt(math.inf)
 
     @staticmethod
-    def _reply(h: ControlHandle, obj: dict[str, Any]) -> None:
+    def _reply(h: ControlHandle, obj: Mapping[str, object]) -> None:
         h.reply += (json.dumps(obj) + "\n").encode()
 
     async def release(self, h: ControlHandle) -> None:

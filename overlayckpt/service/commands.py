@@ -1,14 +1,14 @@
 """Session commands on the timeline, answered in the daemon or offline alike.
 
-Each takes the command dict (as sent through the control file) and returns a
-JSON-able dict; a user mistake raises UserError with one line to show.
+Each takes its request (messages.py: checked already) and returns its reply, a
+JSON-able TypedDict; a user mistake raises UserError with one line to show.
 """
 from __future__ import annotations
 
 import base64
 import os
 import time
-from typing import Any
+from typing import TypedDict, cast
 
 import trio
 
@@ -20,6 +20,36 @@ from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import FsError, UserError
+from overlayckpt.messages import (
+    ApplyReply,
+    ApplyRequest,
+    BackoutReply,
+    BackoutRequest,
+    CheckpointReply,
+    CheckpointRequest,
+    ConversationReply,
+    ConversationRequest,
+    DiffReply,
+    DiffRequest,
+    ForkReply,
+    ForkRequest,
+    ForksReply,
+    ForksRequest,
+    FsckReply,
+    FsckRequest,
+    GcReply,
+    GcRequest,
+    LogEntry,
+    LogReply,
+    LogRequest,
+    RestoreReply,
+    RestoreRequest,
+    ShownFile,
+    ShowReply,
+    ShowRequest,
+    UnforkReply,
+    UnforkRequest,
+)
 from overlayckpt.records import Checkpoint
 from overlayckpt.service.registry import command, reading
 from overlayckpt.service.session import Session
@@ -31,29 +61,17 @@ def _caller() -> Caller:
     return Caller(os.getpid(), "overlayckpt")
 
 
-
-def _opt_str(cmd: dict[str, Any], key: str) -> str | None:
-    value = cmd.get(key)
-    if value is not None and not isinstance(value, str):
-        raise UserError(f'"{key}" must be a string')
-    return value
-
-
-def _paths(cmd: dict[str, Any]) -> list[str] | None:
-    paths = cmd.get("paths")
-    if paths is None:
-        return None
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        raise UserError('"paths" must be a list of strings')
-    for p in paths:
+def _paths(paths: list[str] | None) -> list[str] | None:
+    """paths as given, each checked: relative to the mount root, without '..'."""
+    for p in paths or ():
         if os.path.isabs(p) or ".." in p.split("/"):
             raise UserError(f"path {p!r} must be relative to the mount root and without '..'")
     return paths
 
 
-@command("checkpoint", durable=lambda cmd: bool(cmd.get("name")))
-async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    ck = Timeline(s.ctx).checkpoint(_opt_str(cmd, "name"), _opt_str(cmd, "message"), _caller())
+@command(CheckpointRequest, durable=lambda cmd: bool(cmd.name))
+async def _checkpoint(s: Session, cmd: CheckpointRequest) -> CheckpointReply:
+    ck = Timeline(s.ctx).checkpoint(cmd.name, cmd.message, _caller())
     return {"id": ck.id, "name": ck.name, "seq": ck.seq}
 
 
@@ -62,29 +80,25 @@ async def _checkpoint(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
 LOG_FILES = 200
 
 
-@command("log")
-async def _log(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(LogRequest)
+async def _log(s: Session, cmd: LogRequest) -> LogReply:
     """Newest first. Without "all": git's internals are left out of each entry's files and
     checkpoints that changed nothing are left out; "more" says whether "limit" cut the list."""
-    limit = cmd.get("limit", 0)
-    if not isinstance(limit, int) or limit < 0:
-        raise UserError('"limit" must be a non-negative integer')
-    _opt_str(cmd, "file")
     Timeline(s.ctx).seal()
     from overlayckpt.store.lmdbstore import parent_of
     parent = s.store.read(parent_of)
-    return {**await s.read_off_loop("log", cmd),
-            "forked_from": parent and {"store": parent[0], "checkpoint": parent[1]}}
+    reply = cast(LogReply, await s.read_off_loop(cmd))
+    reply["forked_from"] = parent and {"store": parent[0], "checkpoint": parent[1]}
+    return reply
 
 
-@reading("log")
-def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+@reading(LogRequest)
+def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
     tl = Timeline(s.ctx)
-    limit, file = cmd.get("limit", 0), cmd.get("file")
-    everything = bool(cmd.get("all"))
+    limit, file, everything = cmd.limit, cmd.file, cmd.all
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
-        out: list[dict[str, Any]] = []
+    def fn(r: ReadTxn) -> LogReply:
+        out: list[LogEntry] = []
         files_at = Files(s.overlay, r)
         # (bookkeeping rows are folded only in the whole log, not in one file's)
         ignored = None if everything or file is not None else Ignored.of(s.overlay, r)
@@ -136,7 +150,7 @@ def _bookkeeping(r: ReadTxn, ck: Checkpoint, ignored: Ignored) -> bool:
 
 
 def _by_content(s: Session, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
-                entry: dict[str, Any], everything: bool) -> None:
+                entry: LogEntry, everything: bool) -> None:
     """Whether ck changed anything, the lines it added and removed, and each file's A/M/D
     from the trees themselves (the journal's "R" of a rename over a new name is an A):
     bounded per row (rowdiff), cached: a checkpoint never changes."""
@@ -154,19 +168,13 @@ def _by_content(s: Session, r: ReadTxn, prev: Checkpoint, ck: Checkpoint,
                       for f in entry["files"]]
 
 
-@command("restore", sync_soon=True)
-async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    if "id" not in cmd:
-        raise UserError('restore needs "id" (a checkpoint id or name)')
-    what = cmd.get("what", "both")
-    if what not in ("code", "conversation", "both"):
-        raise UserError('"what" must be "code", "conversation" or "both"')
-    paths = _paths(cmd)
-    if paths is not None and what != "code":
-        if "what" in cmd and what != "code":
-            raise UserError("restoring chosen paths restores code only: drop --conversation/--both")
-        what = "code"
-    result = await Timeline(s.ctx).restore(cmd["id"], _caller(), paths, what)
+@command(RestoreRequest, sync_soon=True)
+async def _restore(s: Session, cmd: RestoreRequest) -> RestoreReply:
+    paths = _paths(cmd.paths)
+    if paths is not None and cmd.what not in (None, "code"):
+        raise UserError("restoring chosen paths restores code only: drop --conversation/--both")
+    what = cmd.what or ("code" if paths is not None else "both")
+    result = await Timeline(s.ctx).restore(cmd.id, _caller(), paths, what)
     if what in ("conversation", "both"):
         resume = await _claude_resume(s, result["restored"])
         result["warnings"] = result.get("warnings", []) + resume.pop("warnings", [])
@@ -174,15 +182,20 @@ async def _restore(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@command("backout", durable=True)
-async def _backout(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(BackoutRequest, durable=True)
+async def _backout(s: Session, cmd: BackoutRequest) -> BackoutReply:
     from overlayckpt.core.backout import backout
-    if "id" not in cmd:
-        raise UserError('backout needs "id" (a checkpoint id or name)')
-    return await backout(s.ctx, cmd["id"], _caller(), _paths(cmd), bool(cmd.get("all")))
+    return await backout(s.ctx, cmd.id, _caller(), _paths(cmd.paths), cmd.all)
 
 
-async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
+class _Resume(TypedDict, total=False):
+    warnings: list[str]
+    resume: str
+    transcript: str
+    claude_resume: str
+
+
+async def _claude_resume(s: Session, cid: int) -> _Resume:
     """For agent sessions (Claude Code, Codex): a transcript cut back to the checkpoint,
     and the command that resumes it."""
     from overlayckpt.agents.transcripts import resume_command
@@ -200,73 +213,65 @@ async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
     if found is None:
         return {}
     command, path = found
-    out = {"resume": command, "transcript": path}
+    out: _Resume = {"resume": command, "transcript": path}
     if command.startswith("claude "):
         out["claude_resume"] = command  # the key cli/timeline.py prints
     return out
 
 
-@command("conversation")
-async def _conversation(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(ConversationRequest)
+async def _conversation(s: Session, cmd: ConversationRequest) -> ConversationReply:
     from overlayckpt.core.conversation import all_lines, live_lines
     tl = Timeline(s.ctx)
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
-        if cmd.get("all"):
+    def fn(r: ReadTxn) -> ConversationReply:
+        if cmd.all:
             return {"lines": all_lines(r)}
-        if cmd.get("at") is not None:
-            return {"lines": live_lines(r, tl.get(r, cmd["at"]).conv_head)}
+        if cmd.at is not None:
+            return {"lines": live_lines(r, tl.get(r, cmd.at).conv_head)}
         return {"lines": live_lines(r)}
     return s.store.read(fn)
 
 
-def _two(s: Session, r: ReadTxn, tl: Timeline, cmd: dict[str, Any]) -> tuple[Checkpoint, Checkpoint | None]:
-    # without A: everything since the session started (checkpoint 0)
-    a = tl.get(r, cmd["a"] if cmd.get("a") is not None else 0)
-    b = tl.get(r, cmd["b"]) if cmd.get("b") is not None else None
-    return a, b
+@command(DiffRequest)
+async def _diff(s: Session, cmd: DiffRequest) -> DiffReply:
+    _paths(cmd.paths)
+    return cast(DiffReply, await s.read_off_loop(cmd))
 
 
-@command("diff")
-async def _diff(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    _paths(cmd)
-    return await s.read_off_loop("diff", cmd)
-
-
-@reading("diff")
-def _diff_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+@reading(DiffRequest)
+def _diff_read(s: Session, store: Store, cmd: DiffRequest) -> DiffReply:
     tl = Timeline(s.ctx)
-    paths = _paths(cmd)
+    paths = _paths(cmd.paths)
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
-        a, b = _two(s, r, tl, cmd)
+    def fn(r: ReadTxn) -> DiffReply:
+        # without a: everything since the session started (checkpoint 0); without b: live
+        a = tl.get(r, cmd.a if cmd.a is not None else 0)
+        b = tl.get(r, cmd.b) if cmd.b is not None else None
         changes = tl.changes(r, a, b, paths)
-        if not cmd.get("all") and not paths:  # git's internals only when asked for
+        if not cmd.all and not paths:  # git's internals only when asked for
             changes = [c for c in changes if not is_internal(c.path)]
-        result: dict[str, Any] = {"a": a.id, "b": b.id if b else "live",
-                                  "files": [{"path": p, "change": c, "added": ad, "removed": rm}
-                                            for p, c, ad, rm in stat_lines(changes)]}
-        if not cmd.get("stat"):
+        result: DiffReply = {"a": a.id, "b": b.id if b else "live",
+                             "files": [{"path": p, "change": c, "added": ad, "removed": rm}
+                                       for p, c, ad, rm in stat_lines(changes)]}
+        if not cmd.stat:
             result["patch"] = render(changes)
         return result
     return store.read(fn)
 
 
-@command("show")
-async def _show(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    _opt_str(cmd, "path")
-    if "id" not in cmd:
-        raise UserError('show needs "id"')
-    return await s.read_off_loop("show", cmd)
+@command(ShowRequest)
+async def _show(s: Session, cmd: ShowRequest) -> ShowReply:
+    return cast(ShowReply, await s.read_off_loop(cmd))
 
 
-@reading("show")
-def _show_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+@reading(ShowRequest)
+def _show_read(s: Session, store: Store, cmd: ShowRequest) -> ShowReply:
     tl = Timeline(s.ctx)
-    path = cmd.get("path")
+    path = cmd.path
 
-    def fn(r: ReadTxn) -> dict[str, Any]:
-        ck = tl.get(r, cmd["id"])
+    def fn(r: ReadTxn) -> ShowReply:
+        ck = tl.get(r, cmd.id)
         state = tl.state(r, ck)
         ov = s.overlay
         if path:
@@ -281,59 +286,54 @@ def _show_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
             data = ov.readlink(state, ino, node) if node.is_link else ov.read_all(state, ino, node)
             return {"id": ck.id, "path": path, "type": "symlink" if node.is_link else "file",
                     "mode": node.mode, "content_b64": base64.b64encode(data).decode()}
-        files = [{"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
-                  "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)
-                 if cmd.get("all") or not is_internal(p)]
+        files: list[ShownFile] = [
+            {"path": p, "type": "dir" if n.is_dir else "symlink" if n.is_link else "file",
+             "size": n.size, "mode": n.mode} for p, _, n in ov.walk(state)
+            if cmd.all or not is_internal(p)]
         return {"id": ck.id, "files": files}
     return store.read(fn)
 
 
-@command("apply", durable=True, reaches_out=True)
-async def _apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(ApplyRequest, durable=True, reaches_out=True)
+async def _apply(s: Session, cmd: ApplyRequest) -> ApplyReply:
     from overlayckpt.core.apply import apply_checkpoint, apply_live
-    force = bool(cmd.get("force"))
-    special = cmd.get("special", False)  # device nodes, fifos and sockets too
-    if not isinstance(special, bool):
-        raise UserError('"special" must be true or false')
     try:
-        if cmd.get("checkpoint") is not None:
-            stats = apply_checkpoint(s.ctx, cmd["checkpoint"], force, special)
+        if cmd.checkpoint is not None:
+            stats = apply_checkpoint(s.ctx, cmd.checkpoint, cmd.force, cmd.special)
         else:
-            stats = apply_live(s.ctx, force, special)
+            stats = apply_live(s.ctx, cmd.force, cmd.special)
     finally:
         s.repo_changed()
     return {"repo": s.repo, **stats}
 
 
-@command("fsck")
-async def _fsck(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(FsckRequest)
+async def _fsck(s: Session, cmd: FsckRequest) -> FsckReply:
     from overlayckpt.core.maintenance import fsck, repair
-    if not cmd.get("repair"):  # a plain check changes nothing: off the loop, no sync point
-        return await s.read_off_loop("fsck", cmd)
-    repaired = repair(s.store)["dropped"]  # (a write: on the loop's thread)
+    if not cmd.repair:  # a plain check changes nothing: off the loop, no sync point
+        return cast(FsckReply, await s.read_off_loop(cmd))
+    repaired = repair(s.store)  # (a write: on the loop's thread)
     await make_durable(s.store)
     return {**fsck(s.store), "repaired": repaired}
 
 
-@reading("fsck")
-def _fsck_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
+@reading(FsckRequest)
+def _fsck_read(s: Session, store: Store, cmd: FsckRequest) -> FsckReply:
     from overlayckpt.core.maintenance import fsck
     return {**fsck(store), "repaired": []}
 
 
-@command("gc", durable=True, reaches_out=True)
-async def _gc(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(GcRequest, durable=True, reaches_out=True)
+async def _gc(s: Session, cmd: GcRequest) -> GcReply:
     from overlayckpt.core.maintenance import DEFAULT_BUDGET
-    budget = cmd.get("budget", DEFAULT_BUDGET)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise UserError('"budget" must be a number of bytes')
+    budget = DEFAULT_BUDGET if cmd.budget is None else cmd.budget
     return await s.maintain(budget, then_gc=True)
 
 
 # -- forks (core/fork.py) ---------------------------------------------------------------
 
-@command("fork", durable=True, reaches_out=True)
-async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(ForkRequest, durable=True, reaches_out=True)
+async def _fork(s: Session, cmd: ForkRequest) -> ForkReply:
     """A new session's store at "store", starting from checkpoint "id" (none: the live
     state, as a new checkpoint). Its blocks stay here: the fork is recorded first, so no
     gc or thinning between the copy and its end drops what the fork needs."""
@@ -343,7 +343,7 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     from overlayckpt.service.paths import off_mount
     from overlayckpt.store.info import read_info, write_info
     from overlayckpt.store.places import check_store_dir
-    path = _opt_str(cmd, "store")
+    path = cmd.store
     if not path:
         raise UserError('fork needs "store" (the new session\'s store directory)')
 
@@ -353,10 +353,11 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
         check_store_dir(real)
     path, _ = await off_mount(s, path, "the fork's store", fresh)
     tl = Timeline(s.ctx)
-    if cmd.get("id") is None:
+    ref = cmd.id
+    if ref is None:
         ck = tl.checkpoint(None, "fork", _caller())
     else:
-        ck = s.store.read(lambda r: tl.get(r, cmd["id"]))
+        ck = s.store.read(lambda r: tl.get(r, ref))
     s.store.write(lambda w: record_fork(w, path, ck.id))
     try:
         made = await off_loop(s.store, lambda store: store.read(lambda r: make_fork(r, ck, path)))
@@ -373,21 +374,21 @@ async def _fork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
     return {**made, "parent": parent, "repo": s.repo}
 
 
-@command("unfork", durable=True, reaches_out=True)
-async def _unfork(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(UnforkRequest, durable=True, reaches_out=True)
+async def _unfork(s: Session, cmd: UnforkRequest) -> UnforkReply:
     """Forget the fork at "store" (it was dropped): its blocks are this session's garbage."""
     from overlayckpt.core.fork import forget_fork
     from overlayckpt.service.paths import off_mount
     from overlayckpt.store.lmdbstore import drop_reader
-    path = _opt_str(cmd, "store")
+    path = cmd.store
     if not path:
         raise UserError('unfork needs "store"')
     path, _ = await off_mount(s, path, "the fork's store", drop_reader)
     return {"forgot": s.store.write(lambda w: forget_fork(w, path))}
 
 
-@command("forks")
-async def _forks(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(ForksRequest)
+async def _forks(s: Session, cmd: ForksRequest) -> ForksReply:
     """Where this session forked from, and its forks."""
     from overlayckpt.core.fork import fork_info
     return s.store.read(fork_info)

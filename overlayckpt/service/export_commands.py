@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
 
 import trio
 
@@ -14,6 +13,7 @@ from overlayckpt.errors import UserError
 from overlayckpt.export.bundle import write_bundle
 from overlayckpt.export.exporter import GitExport
 from overlayckpt.export.gitnames import session_name
+from overlayckpt.messages import ExportBundleReply, ExportBundleRequest, ExportGitReply, ExportGitRequest
 from overlayckpt.service.paths import git_dir_off_mount, off_mount
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
@@ -21,19 +21,13 @@ from overlayckpt.service.session import Session
 _locks: weakref.WeakKeyDictionary[Session, trio.Lock] = weakref.WeakKeyDictionary()
 
 
-@command("export_git", durable=True, reaches_out=True)
-async def _export_git(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    branch = cmd.get("branch")
-    if branch is not None and not isinstance(branch, str):
-        raise UserError('"branch" must be a string')
-    limit = cmd.get("limit", 0)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise UserError('"limit" must be a non-negative integer')
+@command(ExportGitRequest, durable=True, reaches_out=True)
+async def _export_git(s: Session, cmd: ExportGitRequest) -> ExportGitReply:
     await git_dir_off_mount(s, f"/proc/{os.getpid()}/fd/{s.lower.fd}/.git")
-    exporter = GitExport(s.ctx, branch)
+    exporter = GitExport(s.ctx, cmd.branch)
     lock = _locks.setdefault(s, trio.Lock())
     async with lock:  # one export at a time per session (the daemon serves many requests)
-        result = await exporter.run(cmd.get("since"), limit)
+        result = await exporter.run(cmd.since, cmd.limit)
     if result["exported"]:
         await _show_new_git_objects(s, "refs/heads/" + result["branch"])
     return result
@@ -55,13 +49,13 @@ async def _show_new_git_objects(s: Session, ref: str) -> None:
             parent = git_inos.get(b"/".join(parts[:i]))
             if parent is not None:
                 entries.append((parent, parts[i]))
-    await s.invalidate(list(git_inos.values()), entries)
+    await s.ctx.invalidate(list(git_inos.values()), entries)
 
 
-@command("export_bundle", reaches_out=True)
-async def _export_bundle(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    path = cmd.get("path")
-    if not isinstance(path, str) or not os.path.isabs(path):
+@command(ExportBundleRequest, reaches_out=True)
+async def _export_bundle(s: Session, cmd: ExportBundleRequest) -> ExportBundleReply:
+    path = cmd.path
+    if not os.path.isabs(path):
         raise UserError('export_bundle needs "path": an absolute file path')
     # never stat or open anything inside our own mount: the daemon would wait on itself
     path, _ = await off_mount(s, path, "the bundle")

@@ -29,11 +29,13 @@ import struct
 import subprocess
 import sys
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 
 from overlayckpt.errors import ReaderFailed, UserError
+from overlayckpt.messages import Request
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class Readers:
         if not self._ready and not self.closed:
             self._ready.append(await self._start())
 
-    async def call(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, name: str, cmd: Request[Any]) -> Mapping[str, object]:
         """The reading `name` of cmd, in a reader; a user's mistake raises UserError."""
         if self.closed:
             raise UserError("the daemon is stopping: the command was not run")

@@ -6,16 +6,20 @@ __init__.py, so that nothing else imports a command module for its side effect.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
-# (session, command) -> result; the session is service.session.Session
-Handler = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]]
+from overlayckpt.messages import Request
+
+# (session, request) -> reply; the session is service.session.Session, the request the
+# command's class in messages.py, the reply its TypedDict
+Handler = Callable[[Any, Any], Awaitable[Mapping[str, object]]]
+H = TypeVar("H", bound=Handler)
 COMMANDS: dict[str, Handler] = {}
 # which calls of a command are durable (their changes survive a power cut once they
 # answer): a checkpoint's when it is named, as SPEC 3.1 keeps named checkpoints and
 # everything older than a few seconds; its other calls sync soon (Session.command)
-Durable = Callable[[dict[str, Any]], bool]
+Durable = Callable[[Any], bool]
 DURABLE: dict[str, Durable] = {}
 # commands that start a sync point as they answer, without waiting for the disk: a power
 # cut before it ends loses nothing (after a restore's, the state it replaced is live again;
@@ -28,15 +32,18 @@ REACHES_OUT: set[str] = set()
 # The read-only part of a command: (session, store, command) -> result, run where no
 # request of the mount waits for it (Session.read_off_loop: the reader process of a
 # mount, service/reader.py, or a worker thread), so only plain data goes in and out.
-Reading = Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
+Reading = Callable[[Any, Any, Any], Mapping[str, object]]
+R = TypeVar("R", bound=Reading)
 READINGS: dict[str, Reading] = {}
 
 
-def command(name: str, durable: bool | Durable = False, sync_soon: bool = False,
-            reaches_out: bool = False) -> Callable[[Handler], Handler]:
+def command(request: type[Request[Any]], durable: bool | Durable = False,
+            sync_soon: bool = False, reaches_out: bool = False) -> Callable[[H], H]:
     """durable: every call, or which ones (the others then sync soon); reaches_out: it
     changes something outside the session (REACHES_OUT)."""
-    def register(fn: Handler) -> Handler:
+    name = request.CMD
+
+    def register(fn: H) -> H:
         COMMANDS[name] = fn
         if reaches_out:
             REACHES_OUT.add(name)
@@ -48,8 +55,8 @@ def command(name: str, durable: bool | Durable = False, sync_soon: bool = False,
     return register
 
 
-def reading(name: str) -> Callable[[Reading], Reading]:
-    def register(fn: Reading) -> Reading:
-        READINGS[name] = fn
+def reading(request: type[Request[Any]]) -> Callable[[R], R]:
+    def register(fn: R) -> R:
+        READINGS[request.CMD] = fn
         return fn
     return register

@@ -2,8 +2,8 @@
 
 The same `Session` answers commands inside the daemon (through the control
 file) and in the CLI for an unmounted session (`--store`), so both paths run
-the same code. Commands take and return plain JSON-able dicts; they are
-registered in registry.py (by commands.py and export_commands.py, which this
+the same code. Commands take their requests (messages.py, checked on the way in) and
+return JSON-able replies; they are registered in registry.py (by commands.py and export_commands.py, which this
 package's __init__ imports). What the mount adds (kernel hooks, read-ahead,
 kernel status) comes in as arguments of `Session.open`, never afterwards.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, overload
 
 import trio
 
@@ -24,7 +24,19 @@ from overlayckpt.core.maintenance import thin
 from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.core.workers import off_loop
 from overlayckpt.errors import ReaderFailed, UserError
-from overlayckpt.names import shown
+from overlayckpt.messages import (
+    GcReply,
+    KernelStatus,
+    Request,
+    SetApplyReply,
+    SetApplyRequest,
+    StatusReply,
+    StatusRequest,
+    Summary,
+    SummaryReply,
+    SummaryRequest,
+    parse,
+)
 from overlayckpt.records import Checkpoint, from_u64, iso_time, u64
 from overlayckpt.service.registry import COMMANDS, DURABLE, REACHES_OUT, READINGS, SYNC_SOON, command
 from overlayckpt.store.info import read_info, write_info
@@ -33,13 +45,14 @@ from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import APPLIED_KEY, BLOCKS, CKPTS, JOURNAL, META, NODES, REPO_KEY, SEQ_KEY
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 # What the status command adds of the mount's kernel side (fuse/fastpath.py), given by
 # the mount at construction; a session opened without a mount has none of it.
-StatusExtra = Callable[[], dict[str, Any]]
+StatusExtra = Callable[[], KernelStatus]
 
 
-def no_kernel_status() -> dict[str, Any]:
+def no_kernel_status() -> KernelStatus:
     return {"kernel_dir_cache": False, "repo_read_ahead": None}
 
 
@@ -67,7 +80,7 @@ class Session:
                  request_stats: RequestStats = no_request_stats,
                  captures: Captures | None = None) -> None:
         self.ctx = ctx
-        # the same objects as ctx's: a Session serves wherever the core takes a Context
+        # the same objects as ctx's, for the service's own use; the core takes ctx itself
         self.store = ctx.store
         self.lower = ctx.lower
         self.overlay = ctx.overlay
@@ -88,15 +101,6 @@ class Session:
         self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
         self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
-
-    # the context's hooks, so that a Session too serves where a Context is taken
-    @property
-    def invalidate(self) -> Invalidate:
-        return self.ctx.invalidate
-
-    @property
-    def flush_kernel(self) -> FlushKernel:
-        return self.ctx.flush_kernel
 
     @classmethod
     def open(cls, store_dir: str, repo: str | None = None, *, create: bool = False,
@@ -163,9 +167,10 @@ class Session:
         overlay = Overlay(store, lower)
         return cls(Context(store, lower, overlay, repo))
 
-    async def read_off_loop(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        """The reading `name` of a command (registry.READINGS) where no request of the
-        mount waits for it: in a reader process of the mount, else a worker thread."""
+    async def read_off_loop(self, cmd: Request[Any]) -> Mapping[str, object]:
+        """The reading of a command (registry.READINGS) where no request of the mount
+        waits for it: in a reader process of the mount, else a worker thread."""
+        name = cmd.CMD
         if self.readers is not None:
             self.store.store_deferred()  # (another process reads only what is committed)
             try:
@@ -181,7 +186,7 @@ class Session:
         if self.readers is not None:
             self.readers.reset()
 
-    async def maintain(self, budget: int, then_gc: bool = False) -> dict[str, Any]:
+    async def maintain(self, budget: int, then_gc: bool = False) -> GcReply:
         """Thin over budget (and gc), scanning off the request loop (maintenance.py)."""
         async with self._maintenance:
             return await thin(self.store, budget, then_gc)
@@ -190,10 +195,20 @@ class Session:
         self.lower.close()
         self.store.close()
 
-    async def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        name = cmd.get("cmd")
-        if not isinstance(name, str) or (handler := COMMANDS.get(name)) is None:
-            raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(COMMANDS))}")
+    @overload
+    async def command(self, cmd: Request[R]) -> R: ...
+
+    @overload  # (a decoded line: what it asks is known only once it is checked)
+    async def command(self, cmd: Mapping[str, object]) -> Any: ...
+
+    async def command(self, cmd: Request[Any] | Mapping[str, object]) -> Any:
+        """The reply to a request, or to a decoded line (checked here: UserError)."""
+        if not isinstance(cmd, Request):
+            cmd = parse(cmd)
+        name = cmd.CMD
+        handler = COMMANDS.get(name)
+        if handler is None:  # (interrupt: the control directory's own)
+            raise UserError(f"{name} is answered only by a mount's control file")
         if self.sandboxed and name in REACHES_OUT:
             raise UserError(f"{name} is refused: this session is sandboxed (run --private) and "
                             f"{name} reaches outside it; after the run its user can act on the "
@@ -216,12 +231,11 @@ class Session:
         except Exception as e:  # (a system task must not raise; the next sync point retries)
             log.warning("a sync point of the store failed: %s", e)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusReply:
         from overlayckpt.core.timeline import Timeline
         tl = Timeline(self.ctx)
-        counts = self.store.read(lambda r: {
-            "checkpoints": r.count(CKPTS), "journal": r.count(JOURNAL),
-            "blocks": r.count(BLOCKS), "nodes": r.count(NODES)})
+        checkpoints, journal, blocks, nodes = self.store.read(lambda r: (
+            r.count(CKPTS), r.count(JOURNAL), r.count(BLOCKS), r.count(NODES)))
         live = tl.latest()
         return {
             "repo": self.repo, "mountpoint": self.mountpoint, "store": self.store.path,
@@ -233,7 +247,8 @@ class Session:
             **self.kernel_status(),  # kernel_dir_cache, repo_read_ahead
             "live_checkpoint": live.id if live else None,
             "block_size": self.store.block_size,
-            "store_bytes": self.store.disk_bytes(), **counts,
+            "store_bytes": self.store.disk_bytes(), "checkpoints": checkpoints,
+            "journal": journal, "blocks": blocks, "nodes": nodes,
         }
 
     def conversation_text(self) -> bytes:
@@ -251,12 +266,12 @@ class Session:
             append_line(self.store, obj)
 
 
-@command("status")
-async def _status(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(StatusRequest)
+async def _status(s: Session, cmd: StatusRequest) -> StatusReply:
     return s.status()
 
 
-def summary(r: ReadTxn) -> dict[str, Any]:
+def summary(r: ReadTxn) -> Summary:
     """What `sessions` and a resumed mount show: checkpoints, and how many changes came
     after the state last applied to the repo (all but the start if none was): the
     checkpoints after it, and the changes not in a checkpoint yet (an open group)."""
@@ -275,17 +290,15 @@ def summary(r: ReadTxn) -> dict[str, Any]:
             "last_checkpoint": iso_time(newest.time_ns) if newest else None}
 
 
-@command("summary")
-async def _summary(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(SummaryRequest)
+async def _summary(s: Session, cmd: SummaryRequest) -> SummaryReply:
     from overlayckpt.core.workers import read_off_loop
-    return {**await read_off_loop(s.store, summary), "created": read_info(s.store.path).get("created")}
+    found: Summary = await read_off_loop(s.store, summary)
+    return {**found, "created": read_info(s.store.path).get("created")}
 
 
-@command("set_apply", reaches_out=True)
-async def _set_apply(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
-    value = cmd.get("apply")
-    if not isinstance(value, bool):
-        raise UserError('"apply" must be true or false')
-    s.apply_on_exit = value
-    return {"apply_on_unmount": value}
+@command(SetApplyRequest, reaches_out=True)
+async def _set_apply(s: Session, cmd: SetApplyRequest) -> SetApplyReply:
+    s.apply_on_exit = cmd.apply
+    return {"apply_on_unmount": cmd.apply}
 

@@ -22,10 +22,10 @@ The answer holds each group's summary, and under "histograms" the buckets behind
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from overlayckpt.core.latency import Histogram
 from overlayckpt.errors import UserError
+from overlayckpt.messages import StatsReply, StatsRequest
 from overlayckpt.records import iso_time
 from overlayckpt.service.registry import command
 from overlayckpt.service.session import Session
@@ -36,7 +36,7 @@ def _ratio(a: int, b: int) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def stats(s: Session) -> dict[str, Any]:
+def stats(s: Session) -> StatsReply:
     # (first: a read commits the writes the store deferred, so their captures are in)
     blocks, block_bytes = s.store.read(lambda r: (r.count(BLOCKS), r.meta_int(BLOCK_BYTES_KEY, 0)))
     timed = s.request_stats()
@@ -80,8 +80,8 @@ def stats(s: Session) -> dict[str, Any]:
     }
 
 
-@command("stats")
-async def _stats(s: Session, cmd: dict[str, Any]) -> dict[str, Any]:
+@command(StatsRequest)
+async def _stats(s: Session, cmd: StatsRequest) -> StatsReply:
     if s.mountpoint is None:
         raise UserError("stats are kept by a running daemon, since its mount, and this "
                         "session is not mounted: mount it ('overlayckpt mount REPO') first")

@@ -7,6 +7,7 @@ from typing import Any
 
 from overlayckpt.core.conversation import live_lines
 from overlayckpt.core.timeline import Timeline
+from overlayckpt.messages import FileChange
 from overlayckpt.service.session import Session
 
 from .helpers_core import ME, OTHER, ino
@@ -91,6 +92,6 @@ def test_commands_writing_at_once_are_a_checkpoint_each(session: Session) -> Non
     assert content(ov, "g.txt") == b"b2"
 
 
-def files(s: Session, ck: Any) -> list[dict[str, str]]:
+def files(s: Session, ck: Any) -> list[FileChange]:
     from overlayckpt.core import groupfiles
     return s.store.read(lambda r: groupfiles.files(r, ck))

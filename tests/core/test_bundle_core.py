@@ -83,8 +83,8 @@ async def test_bundle_import_into_another_checkout_remaps_the_inodes(
     assert ino(ov2, "README.md") == (checkout / "README.md").stat().st_ino
     assert ino(ov2, "util.py") == (checkout / "src/pkg/util.py").stat().st_ino
     # and it keeps working: a restore and a new file on the imported session
-    await Timeline(s2).restore("edited", ME)
-    assert tree_of(ov2) == expected[Timeline(s2).store.read(lambda r: Timeline(s2).get(r, "edited").id)]
+    await Timeline(s2.ctx).restore("edited", ME)
+    assert tree_of(ov2) == expected[s2.store.read(lambda r: Timeline(s2.ctx).get(r, "edited").id)]
     new, _ = ov2.create(ME, ROOT_INO, b"after-import", REG, 0, 0)
     assert new >= FIRST_UPPER_INO
 

@@ -104,7 +104,7 @@ def test_an_idle_gap_longer_than_the_window_ends_a_group(open_session, repo: Pat
     ov = s.overlay
     ov.write(ME, ino(ov, "README.md"), 0, b"a")
     ov.write(ME, ino(ov, "README.md"), 1, b"b")
-    Timeline(s).seal()
+    Timeline(s.ctx).seal()
     assert len(checkpoints(s)) == 3
 
 

@@ -4,13 +4,14 @@ itself, in a pseudo-terminal: tests/test_rewind.py.)"""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from overlayckpt.cli.rewind import brief, conversation_line, list_width, preview_lines, timeline_rows
 
 
-def checkpoints(n: int) -> list[dict]:
+def checkpoints(n: int) -> list[Any]:  # (log entries: the fields the list shows)
     return [{"id": n - i, "name": None, "time": "2026-12-01T13:00:00+00:00",
              "summary": f"step {n - i} " + "words " * 30, "files": []} for i in range(n)]
 

@@ -10,6 +10,7 @@ from overlayckpt.core.ignore import AGENT_RULES, Ignored
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.summaries import describe, is_internal
 from overlayckpt.core.timeline import Timeline
+from overlayckpt.messages import FileChange
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
 
@@ -37,7 +38,7 @@ def test_fold_and_describe_net_changes() -> None:
     for paths, changes in ((("t.tmp",), ("A",)), (("a.py", "t.tmp"), ("R", "<")), (("b.py",), ("D",))):
         for path, change in zip(paths, changes):
             net[path] = fold(net.get(path), change)
-    files = [{"path": p, "change": c} for p, c in sorted(net.items()) if c != GONE]
+    files: list[FileChange] = [{"path": p, "change": c} for p, c in sorted(net.items()) if c != GONE]
     assert files == [{"path": "a.py", "change": "R"}, {"path": "b.py", "change": "D"}]
     assert describe(files) == "renamed a.py; deleted b.py"
 
