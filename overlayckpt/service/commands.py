@@ -197,6 +197,9 @@ async def _claude_resume(s: Session, cid: int) -> dict[str, Any]:
         why = f"{e.strerror}: {quote_path(e.filename or '')}" if isinstance(e, OSError) else str(e)
         return {"warnings": [f"the agent transcript was not cut: {why}"]}
     if found is None:
+        if any(line.get("agent") == "opencode" for line in lines):
+            from overlayckpt.core.opencode import REWIND_NOTE
+            return {"warnings": [REWIND_NOTE]}
         return {}
     command, path = found
     out = {"resume": command, "transcript": path}
