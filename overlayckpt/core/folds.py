@@ -1,5 +1,5 @@
-"""Which automatic checkpoints the default log folds into the one before them: an agent's
-own `git commit` that came after its edits' group had closed.
+"""Which automatic checkpoints the default log shows in one row with the one before them:
+an agent's own `git commit` that came after its edits' group had closed.
 
 Aider commits each message's edits itself, after asking the model for a commit message:
 when that answer takes longer than the window, the edits close as one checkpoint and the
@@ -16,7 +16,9 @@ before it when all of these hold:
   an agent's edit is another process tree and stays a row of its own;
 - no conversation line came between them (with hooks, a tool call is a step of its own).
 
-`log --all` shows every checkpoint. Pure reads: any thread.
+The row shows the newest of them (its id, so restoring or diffing the row reaches the
+edits committed) with the older ids in "folded"; `log --all` shows every checkpoint.
+Pure reads: any thread.
 """
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
             if git_row is not None:  # ck is the checkpoint it folds into
                 if not skip and not bookkeeping and ignored is not None and folds_into(r, ck, before, ignored):
                     # (git add, then git commit: the newest git summary names them)
-                    entry["folded"] = [git_row["id"], *git_row.get("folded", [])]
+                    _take_place(entry, git_row)
                     entry["summary"], git_row, ck = git_row["summary"], entry, before
                     continue
                 if skip or bookkeeping or ignored is None or git_only(r, ck, ignored):
@@ -145,12 +145,19 @@ def _log_read(s: Session, store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
     return store.read(fn)
 
 
+def _take_place(entry: dict[str, Any], newer: dict[str, Any]) -> None:
+    """entry's row shows newer's checkpoint too, under newer's id: restoring or diffing the
+    row reaches the state after both (an agent's edits and its commit: git status clean)."""
+    entry["folded"] = [entry["id"], *newer.get("folded", []), *entry.get("folded", [])]
+    entry.update(id=newer["id"], seq=newer["seq"], time=newer["time"])
+
+
 def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: dict[str, Any], git_row: dict[str, Any]) -> None:
-    """entry (ck's row) shows git_row's checkpoint too (core/folds.py): its id in "folded",
-    and where ck's summary names only its files, git's summary before them, as one
-    checkpoint of both would read."""
+    """entry (ck's row) shows git_row's checkpoint too (core/folds.py), under git_row's id
+    (the older ones in "folded"); where ck's summary names only its files, git's summary
+    comes before them, as one checkpoint of both would read."""
     from overlayckpt.core.conversation import summary_before
-    entry["folded"] = [git_row["id"], *git_row.get("folded", []), *entry.get("folded", [])]
+    _take_place(entry, git_row)
     if not ck.message and git_row["summary"].startswith("git ") and not entry["summary"].startswith("git ") \
             and summary_before(r, ck.start_seq, ck.seq, ck.conv_head) is None:
         git = git_row["summary"]  # (without the files it names after git's part: entry's own)

@@ -264,8 +264,8 @@ AIDER = Caller(6161, "aider")
 async def test_an_agents_own_git_commit_folds_into_its_edits(session: Session) -> None:
     """An agent's `git commit` after its edits' group closed (Aider's, when the model takes
     longer than the window to write the commit message) is no row of its own in the default
-    log: git run by the agent itself, or under it (git add, then git commit), folds into the
-    edits' row, named by the commit; `log --all` shows it."""
+    log: git run by the agent itself, or under it (git add, then git commit), and the edits
+    are one row, named by the commit, under the commit's id; `log --all` shows each."""
     ov = session.overlay
     put(ov, ME, ".gitignore", b".aider*\n")
     await log(session)
@@ -280,8 +280,10 @@ async def test_an_agents_own_git_commit_folds_into_its_edits(session: Session) -
         ('git commit "shout the greeting"; added .aider.chat.history.md; modified README.md', 1),
         ("added .gitignore", 0),
         ("session start", 0)], shown
-    edits = shown[0]["id"]
-    assert shown[0]["folded"] == [edits + 1]
+    # the row is the commit's checkpoint (restoring it gives the edits committed), the
+    # edits' checkpoint folded into it
+    edits = shown[0]["folded"][0]
+    assert shown[0]["folded"] == [edits] and shown[0]["id"] == edits + 1
     # git as the agent's child, a command of its own (an agent run at a shell prompt):
     # git add, then git commit, each a checkpoint
     put(ov, AIDER, "notes.txt", b"n\n")
@@ -291,8 +293,8 @@ async def test_an_agents_own_git_commit_folds_into_its_edits(session: Session) -
     put(ov, Caller(7002, "git", above=(6161, 1)), ".git/COMMIT_EDITMSG", b"add notes\n")
     shown = (await log(session))["checkpoints"]
     assert shown[0]["summary"] == 'git commit "add notes"; added notes.txt', shown[0]
-    assert sorted(shown[0]["folded"]) == [shown[0]["id"] + 1, shown[0]["id"] + 2], shown[0]
-    assert shown[1]["id"] == edits
+    assert shown[0]["id"] == edits + 4 and sorted(shown[0]["folded"]) == [edits + 2, edits + 3], shown[0]
+    assert shown[1]["id"] == edits + 1
     everything = (await log(session, all=True))["checkpoints"]
     assert [c["id"] for c in everything][:3] == [edits + 4, edits + 3, edits + 2]
 
