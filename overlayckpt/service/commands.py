@@ -158,12 +158,15 @@ def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: dict[str, Any], git_row: di
     comes before them, as one checkpoint of both would read."""
     from overlayckpt.core.conversation import summary_before
     _take_place(entry, git_row)
-    if not ck.message and git_row["summary"].startswith("git ") and not entry["summary"].startswith("git ") \
+    if not ck.message and git_row["summary"].startswith("git ") \
             and summary_before(r, ck.start_seq, ck.seq, ck.conv_head) is None:
         git = git_row["summary"]  # (without the files it names after git's part: entry's own)
         while "; " in git and git.rpartition("; ")[2].startswith(_DESCRIBED):
             git = git.rpartition("; ")[0]
-        entry["summary"] = f"{git}; {entry['summary']}"
+        files = entry["summary"]  # (after git's own part, e.g. the `git add` of a new file)
+        if files.startswith("git "):
+            files = files.partition("; ")[2]
+        entry["summary"] = f"{git}; {files}" if files else git
 
 
 _DESCRIBED = ("added ", "modified ", "deleted ", "renamed ")  # summaries.describe's parts
