@@ -4,10 +4,11 @@ mount with our hooks (`install-hooks opencode`: a plugin in
 Chat Completions API on 127.0.0.1 (tests/agent_server.py) through its
 @ai-sdk/openai-compatible provider.
 
-Five changing tool calls (write, edit, bash) and a read, answered at once under a
-window of ten minutes: each changing call is one automatic checkpoint named by its call
-(the plugin logs it before it runs), with its files, the conversation up to that call
-and a restore that gives its files back; the read makes none. A restore of code and
+Five changing tool calls (write, edit, bash), a read and a failing edit, answered at
+once under a window of ten minutes: each changing call is one automatic checkpoint named
+by its call (the plugin logs it before it runs), with its files, the conversation up to
+that call and a restore that gives its files back; the read and the failed call make
+none (the failure is a line with "failed"). A restore of code and
 conversation rewinds our conversation and says that opencode's own session (in its
 database) is not rewound.
 """
@@ -29,7 +30,7 @@ def opencode() -> Path:
     return agent_cli("opencode")
 
 
-# (tool, input with paths relative to the mount, summary (None: a read),
+# (tool, input with paths relative to the mount, summary (None: a read or a failed call),
 #  {path: content after, None: gone})
 STEPS: list[tuple[str, dict, str | None, dict[str, str | None]]] = [
     ("write", {"filePath": "notes.txt", "content": "alpha\nbeta\n"}, "write notes.txt",
@@ -37,6 +38,7 @@ STEPS: list[tuple[str, dict, str | None, dict[str, str | None]]] = [
     ("edit", {"filePath": "notes.txt", "oldString": "beta", "newString": "BETA"}, "edit notes.txt",
      {"notes.txt": "alpha\nBETA\n"}),
     ("read", {"filePath": "src/main.py"}, None, {}),
+    ("edit", {"filePath": "notes.txt", "oldString": "gamma", "newString": "GAMMA"}, None, {}),  # fails
     ("bash", {"command": "sed -i 's/hello/HELLO/' README.md", "description": "shout"},
      "bash sed -i 's/hello/HELLO/' README.md", {"README.md": "# demo\n\nHELLO\n"}),
     ("write", {"filePath": "src/new/mod.py", "content": "X = 1\n"}, "write src/new/mod.py",
@@ -84,7 +86,9 @@ def test_an_opencode_session_is_one_checkpoint_per_changing_call(opencode: Path,
     assert (lines[-1]["role"], lines[-1]["content"], lines[-1]["event"]) == ("assistant", FINAL, "Stop"), lines[-1]
     call_ids = [f"toolu_e2e_{first + i + 1:02d}" for i in range(len(STEPS))]
     assert [x["tool_use_id"] for x in lines if x.get("event") == "PreToolUse"] == call_ids
-    assert [x["tool_use_id"] for x in lines if x.get("event") == "PostToolUse"] == call_ids
+    results = [x for x in lines if x.get("event") in ("PostToolUse", "PostToolUseFailure")]
+    assert [x["tool_use_id"] for x in results] == call_ids
+    assert [x.get("failed", False) for x in results] == [s[1].get("oldString") == "gamma" for s in STEPS]
 
     log = m.ctl_ok({"cmd": "log"})["checkpoints"]
     autos = sorted((c for c in log if c["id"] > 0), key=lambda c: c["id"])

@@ -77,6 +77,7 @@ def opencode_events(cwd: str) -> list[dict[str, Any]]:
              output="Wrote file successfully."),
         dict(base, hook_event_name="tool.execute.before", tool="bash", call_id="call_2",
              args={"command": "make test", "description": "test"}),
+        dict(base, hook_event_name="tool.execute.error", tool="bash", call_id="call_2", error="exit 2"),
         dict(base, hook_event_name="session.idle", message="Added the notes."),
     ]
 
@@ -156,6 +157,7 @@ def test_opencode_events_are_the_conversation(mounted: Mount, hook_cmd: list[str
         ("tool", "write", None, "Wrote file successfully.", "PostToolUse", "call_1"),
         ("assistant", "bash", "bash make test", json.dumps({"command": "make test", "description": "test"}),
          "PreToolUse", "call_2"),
+        ("tool", "bash", None, "exit 2", "PostToolUseFailure", "call_2"),
         ("assistant", None, None, "Added the notes.", "Stop", None),
     ]
     assert {x["agent"] for x in conversation(mounted)} == {"opencode"}

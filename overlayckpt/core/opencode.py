@@ -4,9 +4,9 @@ opencode has no hook commands; it loads JavaScript plugins from `plugins/` (or
 `plugin/`) of its config directories. `install-hooks opencode` writes PLUGIN into the
 user's one (`$XDG_CONFIG_HOME/opencode/plugins/`, outside every captured tree, as the
 other agents' user settings are): on `chat.message`, `tool.execute.before`,
-`tool.execute.after` and the `session.idle` event it runs our compiled hook
-(`overlayckpt-hook opencode`) with one small event on stdin, synchronously, and swallows
-every error. The daemon makes the conversation line of it (as_claude, through
+`tool.execute.after`, a call's failure and `session.idle` it runs our compiled hook
+(`overlayckpt-hook opencode`) with one small event on stdin, synchronously, and
+swallows every error. The daemon makes the conversation line of it (as_claude, through
 agents.event_to_line): a tool call before it runs holds its checkpoint open, its result
 ends it, as Claude's lines do.
 
@@ -24,7 +24,8 @@ PLUGIN_NAME = "overlayckpt.js"
 PLUGIN_MARK = "// overlayckpt: "  # the first line of every plugin we write (uninstall checks it)
 # opencode's plugin events as the Claude events the conversation keys on
 AS_CLAUDE = {"chat.message": "UserPromptSubmit", "tool.execute.before": "PreToolUse",
-             "tool.execute.after": "PostToolUse", "session.idle": "Stop"}
+             "tool.execute.after": "PostToolUse", "tool.execute.error": "PostToolUseFailure",
+             "session.idle": "Stop"}
 REWIND_NOTE = ("opencode's own session is not rewound (it lives in opencode's database): "
                "start a new opencode session, or tell it which calls were undone")
 
@@ -86,6 +87,11 @@ export const OverlayckptPlugin = async ({ directory }) => {
         if (event.type === "message.part.updated" && p.part && p.part.type === "text"
             && p.part.time && p.part.time.end && !p.part.synthetic) {
           said.set(p.part.sessionID, p.part.text);
+        } else if (event.type === "message.part.updated" && p.part && p.part.type === "tool"
+                   && p.part.state && p.part.state.status === "error") {
+          // a call that failed: tool.execute.after does not run for it
+          send({ hook_event_name: "tool.execute.error", cwd, session_id: p.part.sessionID,
+                 tool: p.part.tool, call_id: p.part.callID, error: p.part.state.error });
         } else if (event.type === "session.idle") {
           send({ hook_event_name: "session.idle", cwd, session_id: p.sessionID, message: said.get(p.sessionID) });
           said.delete(p.sessionID);
@@ -152,6 +158,8 @@ def as_claude(event: dict[str, Any]) -> dict[str, Any]:
     elif name == "tool.execute.after":
         output = event.get("output")
         out["tool_response"] = output if output is not None else event.get("title")
+    elif name == "tool.execute.error":
+        out["error"] = event.get("error") if event.get("error") is not None else ""
     elif name == "session.idle":
         out["last_assistant_message"] = event.get("message")
     return out
