@@ -47,5 +47,7 @@ GROUPFILES_KEY = b"groupfiles"    # present when GROUPFILES matches the journal
 DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are rebuilt at open
 APPLIED_KEY = b"applied"          # the journal position the repo was last applied at
 RESTORE_FILES_KEY = b"restore_files/"  # + seq: a restore's record still to list its files
+UNDER_KEY = b"under/"             # + checkpoint id: u64 id of the checkpoint before it, whose
+                                  # command its own ran under (an agent's git commit: core/folds.py)
 PARENT_KEY = b"parent"            # a fork's parent: msgpack [parent store path, checkpoint id]
 FORK_KEY = b"fork/"               # + a fork's store path: u64 checkpoint id it forked from

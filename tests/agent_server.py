@@ -72,6 +72,7 @@ class ScriptedModel:
         # is grouped by its quiet between calls (the mount's --window)
         self.delay = 0.0
         self.aside = "ok"  # the answer to other requests (titles, summaries, commit messages)
+        self.aside_delay = 0.0  # seconds that answer takes
         self.script: list[Step] = []
         self.requests: list[dict[str, Any]] = []  # every body received, in order
         self.turns: list[dict[str, Any]] = []  # the bodies that got a scripted step
@@ -94,10 +95,13 @@ class ScriptedModel:
         """The content blocks to answer one request with."""
         with self.lock:
             self.requests.append(body)
-            if not self.script or not self.is_turn(body):
-                return [{"type": "text", "text": self.aside}]
-            self.turns.append(body)
-            step = self.script.pop(0)
+            aside = not self.script or not self.is_turn(body)
+            if not aside:
+                self.turns.append(body)
+                step = self.script.pop(0)
+        if aside:
+            time.sleep(self.aside_delay)
+            return [{"type": "text", "text": self.aside}]
         time.sleep(self.delay)
         if isinstance(step, str):
             return [{"type": "text", "text": step}]

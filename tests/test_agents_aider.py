@@ -6,9 +6,10 @@ Aider in a git repo with its defaults: one `aider --message` per message, each a
 the model's SEARCH/REPLACE edits and committing them. Every message that changes files
 is one checkpoint in the default log (its edits, git's commit and Aider's own files
 together: the chat history, input history and SQLite repo-map cache, which the repo
-ignores, fold into it), a question that changes nothing makes none, and each restores
-exactly, Aider's own chat history included: after a restore, `aider
---restore-chat-history` resumes from that message.
+ignores, fold into it), also when the model takes longer than the mount's window to
+write the commit message; a question that changes nothing makes none, and each restores
+exactly (committed: git status clean), Aider's own chat history included: after a
+restore, `aider --restore-chat-history` resumes from that message.
 """
 from __future__ import annotations
 
@@ -52,8 +53,15 @@ def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
+# seconds the model takes to write a commit message: at once, or longer than the mount's
+# window (1 s), so that Aider's commit closes as a checkpoint after its edits'
+COMMIT_DELAYS = {"prompt-commit-message": 0.0, "slow-commit-message": 1.5}
+
+
+@pytest.mark.parametrize("commit_delay", list(COMMIT_DELAYS.values()), ids=list(COMMIT_DELAYS))
 def test_an_aider_session_is_one_checkpoint_per_message(aider: Path, model: ScriptedModel, repo: Path,
-                                                        mount_factory, tmp_path: Path) -> None:
+                                                        mount_factory, tmp_path: Path,
+                                                        commit_delay: float) -> None:
     home = tmp_path / "home"
     (home / ".aider" / "caches").mkdir(parents=True)
     # a fresh (empty) model-price cache: Aider does not fetch litellm's list from GitHub
@@ -69,11 +77,12 @@ def test_an_aider_session_is_one_checkpoint_per_message(aider: Path, model: Scri
     git(repo, "commit", "-qm", "start", env=env)
     m: Mount = mount_factory(repo)
     env["PWD"] = str(m.mnt)
-    # Aider asks the same model for its commit messages: those are not turns. Answered at
-    # once: a commit message slower than the mount's window (1 s) splits a message into
-    # its edits and its commit (two checkpoints), as with a real model today
+    # Aider asks the same model for its commit messages: those are not turns. Slower than
+    # the mount's window, the commit is a checkpoint of its own, which the default log
+    # shows in one row with the edits (the commit's id, the edits' in "folded")
     model.is_turn = lambda body: "commit message" not in json.dumps(body.get("messages", [])[:1])
     model.aside = COMMIT
+    model.aside_delay = commit_delay
     for prompt, answer, after in MESSAGES:
         model.play([answer])
         proc = subprocess.run(
@@ -93,6 +102,9 @@ def test_an_aider_session_is_one_checkpoint_per_message(aider: Path, model: Scri
     changing = [(prompt, after) for prompt, _, after in MESSAGES if after]
     shown = [(c["id"], c["summary"], [f["path"] for f in c["files"]]) for c in autos]
     assert len(autos) == len(changing) and all(c["kind"] == "auto" for c in autos), shown
+    if commit_delay:  # each message's edits, then its commit: two checkpoints, one row
+        everything = m.ctl_ok({"cmd": "log", "all": True})["checkpoints"]
+        assert len(everything) > len(log) and all(c.get("folded") for c in autos), shown
     expected = {path: read(repo, path) for _, after in changing for path in after}
     states = []
     for ck, (_, after) in zip(autos, changing):

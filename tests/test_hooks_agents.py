@@ -66,6 +66,22 @@ def cursor_events(root: str) -> list[dict[str, Any]]:
     ]
 
 
+def opencode_events(cwd: str) -> list[dict[str, Any]]:
+    """What our opencode plugin sends (core/opencode.py): its hooks' input and output."""
+    base = {"cwd": cwd, "session_id": "ses_1"}
+    write = {"filePath": f"{cwd}/notes.txt", "content": "mine\n"}
+    return [
+        dict(base, hook_event_name="chat.message", prompt="add notes"),
+        dict(base, hook_event_name="tool.execute.before", tool="write", call_id="call_1", args=write),
+        dict(base, hook_event_name="tool.execute.after", tool="write", call_id="call_1", title="notes.txt",
+             output="Wrote file successfully."),
+        dict(base, hook_event_name="tool.execute.before", tool="bash", call_id="call_2",
+             args={"command": "make test", "description": "test"}),
+        dict(base, hook_event_name="tool.execute.error", tool="bash", call_id="call_2", error="exit 2"),
+        dict(base, hook_event_name="session.idle", message="Added the notes."),
+    ]
+
+
 def claude_events(cwd: str) -> list[dict[str, Any]]:
     """Claude Code's (and qwen-code's, Codex's) fields, with what strains a hook: a Write
     of 2 MiB (the event over the daemon's 1 MiB line limit, the line made of it not), text
@@ -108,7 +124,8 @@ def test_both_hooks_log_the_lines_the_python_hook_made(mounted: Mount) -> None:
     daemon's parse), whatever the agent; one event pretty-printed over many lines."""
     cwd = str(mounted.mnt)
     cases = [("claude-code", claude_events(cwd)), ("codex", claude_events(cwd)[3:]),
-             ("qwen", claude_events(cwd)), ("gemini", gemini_events(cwd)), ("cursor", cursor_events(cwd))]
+             ("qwen", claude_events(cwd)), ("gemini", gemini_events(cwd)), ("cursor", cursor_events(cwd)),
+             ("opencode", opencode_events(cwd))]
     expected = []
     for agent, events in cases:
         for event in events:
@@ -125,6 +142,50 @@ def test_both_hooks_log_the_lines_the_python_hook_made(mounted: Mount) -> None:
     assert got[len(expected):-1] == expected
     assert got[-1] == expected[0]
     assert len(got[1]["content"]) < 400 and got[1]["summary"] == "Write big file.txt"
+
+
+def test_opencode_events_are_the_conversation(mounted: Mount, hook_cmd: list[str]) -> None:
+    cwd = str(mounted.mnt)
+    for event in opencode_events(cwd):
+        hook("opencode", event, mounted.mnt, hook_cmd)
+    got = [(x["role"], x.get("tool"), x.get("summary"), x["content"], x["event"], x.get("tool_use_id"))
+           for x in conversation(mounted)]
+    assert got == [
+        ("user", None, None, "add notes", "UserPromptSubmit", None),
+        ("assistant", "write", "write notes.txt", json.dumps({"file_path": f"{cwd}/notes.txt", "content": "mine\n"}),
+         "PreToolUse", "call_1"),
+        ("tool", "write", None, "Wrote file successfully.", "PostToolUse", "call_1"),
+        ("assistant", "bash", "bash make test", json.dumps({"command": "make test", "description": "test"}),
+         "PreToolUse", "call_2"),
+        ("tool", "bash", None, "exit 2", "PostToolUseFailure", "call_2"),
+        ("assistant", None, None, "Added the notes.", "Stop", None),
+    ]
+    assert {x["agent"] for x in conversation(mounted)} == {"opencode"}
+
+
+def test_install_hooks_opencode_writes_its_plugin_and_uninstalls(tmp_path: Path) -> None:
+    """The plugin goes into opencode's user plugins directory (made, 0700, below
+    ~/.config), runs the compiled hook, and --uninstall removes it and nothing else."""
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    env["HOME"] = str(home)
+    run_cli("install-hooks", "opencode", env=env)
+    plugins = home / ".config" / "opencode" / "plugins"
+    plugin = plugins / "overlayckpt.js"
+    text = plugin.read_text()
+    assert text.startswith("// overlayckpt: ") and json.dumps([str(hook_program()), "opencode"]) in text
+    assert plugins.stat().st_mode & 0o777 == 0o700 and plugin.stat().st_mode & 0o777 == 0o600
+    run_cli("install-hooks", "opencode", env=env)  # again: the same file
+    assert plugin.read_text() == text
+    (plugins / "theirs.js").write_text("export const P = async () => ({})\n")
+    mine = plugins / "mine.js"
+    mine.write_text("// my own plugin\n")
+    assert "removed" in run_cli("install-hooks", "opencode", "--uninstall", env=env).stdout
+    assert sorted(p.name for p in plugins.iterdir()) == ["mine.js", "theirs.js"]
+    assert "no hooks of ours" in run_cli("install-hooks", "opencode", "--uninstall", "--settings", str(mine),
+                                         env=env).stdout
+    assert mine.read_text() == "// my own plugin\n"
 
 
 def test_gemini_events_are_the_conversation(mounted: Mount, hook_cmd: list[str]) -> None:

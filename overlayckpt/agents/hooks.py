@@ -27,7 +27,7 @@ from typing import TextIO
 MAX_EVENT = 4 << 20
 EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
-AGENTS = ("claude-code", "codex", "gemini", "qwen", "cursor")
+AGENTS = ("claude-code", "codex", "gemini", "qwen", "cursor", "opencode")
 TRANSCRIPT_AGENTS = ("claude-code", "codex", "gemini", "qwen")  # whose transcripts a restore cuts
 # a wrapped event's line: the event itself may be MAX_EVENT long (the line made of it is
 # then cut to what the conversation keeps)
@@ -122,6 +122,9 @@ def event_to_line(event: Mapping[str, object], agent: str = "claude-code") -> di
     """One conversation line for an agent's hook event (None: nothing to log)."""
     if agent in ("gemini", "cursor"):
         event = _as_claude(event, agent)
+    elif agent == "opencode":  # our plugin's events (core/opencode.py)
+        from overlayckpt.core.opencode import as_claude
+        event = as_claude(event)
     name = event.get("hook_event_name")
     common: dict[str, object] = {"agent": agent, "event": name, "session_id": event.get("session_id"),
               "transcript_path": event.get("transcript_path")}

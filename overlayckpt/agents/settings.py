@@ -68,6 +68,9 @@ def user_settings_path(agent: str = "claude-code") -> str:
         return os.path.join(qwen_home(), "settings.json")
     if agent == "cursor":
         return os.path.join(home, ".cursor", "hooks.json")
+    if agent == "opencode":  # our plugin, in opencode's user plugins directory
+        from overlayckpt.core.opencode import plugin_path
+        return plugin_path()
     base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
     return os.path.join(base, "settings.json")
 
@@ -118,23 +121,31 @@ def _read_settings(path: str) -> dict[str, object]:
     return settings
 
 
-def settings_dir(path: str, create: bool) -> None:
+def settings_dir(path: str, create: bool, levels: int = 1) -> None:
     """Make sure the directory of an agent's settings file is there before anything is
     written: create=True (the agent's own default, e.g. ~/.codex) makes that one
-    directory 0700 if its parent exists; a tree is never made, and a path the user gave
-    (--settings) must lie in an existing directory. UserError otherwise."""
+    directory 0700 if its parent exists (levels=2: opencode's ~/.config/opencode/plugins,
+    if ~/.config exists); no deeper tree is made, and a path the user gave (--settings)
+    must lie in an existing directory. UserError otherwise."""
     from overlayckpt.errors import UserError
     from overlayckpt.names import quote_path
     d = os.path.dirname(path)
     if os.path.isdir(d):
         return
-    if create and os.path.isdir(os.path.dirname(d)):
+    chain = [d]
+    while len(chain) < levels and not os.path.isdir(os.path.dirname(chain[-1])):
+        chain.append(os.path.dirname(chain[-1]))
+    if create and os.path.isdir(os.path.dirname(chain[-1])):
         try:
-            os.mkdir(d, 0o700)
-            return
-        except FileExistsError:
+            for step in reversed(chain):
+                try:
+                    os.mkdir(step, 0o700)
+                except FileExistsError:
+                    pass
             if os.path.isdir(d):
                 return
+        except OSError:
+            pass
     raise UserError(f"{quote_path(d)} is not a directory: create it first (nothing was written)")
 
 
@@ -207,6 +218,10 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     (`restore 0 --code`) would delete it and silently stop the logging, and git would
     see it. Outside a mount the hook finds no mount and exits 0 at once.
     """
+    if agent == "opencode":  # no hooks file: a plugin of ours that runs the command
+        from overlayckpt.core.opencode import plugin_text
+        _replace_file(path, plugin_text(command))
+        return path
     settings = _read_settings(path)
     if agent == "cursor":
         settings.setdefault("version", 1)
@@ -258,6 +273,12 @@ def uninstall_hooks(path: str, agent: str = "claude-code") -> bool:
     Gemini's hook notifications, which install_hooks turned off, are the default again."""
     if not os.path.exists(path):
         return False
+    if agent == "opencode":  # our plugin file, and nothing but it
+        from overlayckpt.core.opencode import is_ours
+        if not is_ours(path):
+            return False
+        os.unlink(path)
+        return True
     settings = _read_settings(path)
     if not _drop_our_hooks(settings):
         return False

@@ -36,7 +36,7 @@
 #define MAX_DEPTH 512          /* well inside what the daemon's json module takes */
 #define FS_TYPE "fuse.overlayckpt"
 
-static const char *const AGENTS[] = {"claude-code", "codex", "gemini", "qwen", "cursor"};
+static const char *const AGENTS[] = {"claude-code", "codex", "gemini", "qwen", "cursor", "opencode"};
 
 __attribute__((format(printf, 1, 2)))
 static void say(const char *fmt, ...)
@@ -438,7 +438,7 @@ static int run(int argc, char **argv)
         known |= !strcmp(agent, AGENTS[i]);
     if (!known) {
         say("usage: overlayckpt-hook AGENT [--mount M], AGENT one of "
-            "claude-code, codex, gemini, qwen, cursor");
+            "claude-code, codex, gemini, qwen, cursor, opencode");
         return 0;
     }
     const char *prefix_fmt = "{\"hook\":\"%s\",\"event\":";

@@ -113,12 +113,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                    "keeping the damaged one beside it")
 
     h = sub.add_parser("hook", help="log one agent hook event (JSON on stdin) into the conversation")
-    agents = ["claude-code", "codex", "gemini", "qwen", "cursor"]
+    agents = ["claude-code", "codex", "gemini", "qwen", "cursor", "opencode"]
     h.add_argument("agent", choices=agents)
     ih = sub.add_parser("install-hooks", help="add our hooks (and MCP server) to the agent's user settings")
     ih.add_argument("agent", choices=agents)
     ih.add_argument("--settings", help="the hooks file (default: ~/.claude/settings.json, ~/.codex/hooks.json, "
-                                       "~/.gemini/settings.json, ~/.qwen/settings.json, ~/.cursor/hooks.json)")
+                                       "~/.gemini/settings.json, ~/.qwen/settings.json, ~/.cursor/hooks.json, "
+                                       "~/.config/opencode/plugins/overlayckpt.js)")
     ih.add_argument("--no-mcp", action="store_true",
                     help="do not register `overlayckpt mcp` (default: in ~/.claude.json, ~/.codex/config.toml, "
                          "~/.gemini/settings.json, ~/.qwen/settings.json, ~/.cursor/mcp.json)")

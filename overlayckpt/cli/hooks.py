@@ -26,7 +26,7 @@ def cmd_install_hooks(args: argparse.Namespace) -> int:
             print(f"MCP server removed from {mcp}")
         return 0
     # every directory checked before anything is written: the agent's own one may be made
-    agent_settings.settings_dir(path, create=not args.settings)
+    agent_settings.settings_dir(path, create=not args.settings, levels=2 if args.agent == "opencode" else 1)
     if mcp:
         agent_settings.settings_dir(mcp, create=False)
     import shlex

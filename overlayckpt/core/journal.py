@@ -37,6 +37,7 @@ from overlayckpt.tables import (
     NEXT_CKPT_KEY,
     NEXT_INO_KEY,
     SEQ_KEY,
+    UNDER_KEY,
 )
 
 CALL_KEY = b"tool_call"  # in META while an agent's tool call runs (see hold_for_call)
@@ -92,7 +93,7 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
         elif held or not idle and _concurrent(caller, pid, above):
             kept.append(g)  # (while a call runs, groups from before it are left as they are)
             continue
-        _close_group(w, seq, start, last, pid, head)
+        _close_group(w, seq, start, last, pid, head, above)
         boundary = seq
     if not groups:
         boundary = seq
@@ -106,7 +107,7 @@ def append(w: WriteTxn, caller: Caller, op: str, paths: tuple[str, ...],
     # after it (the call's result, the next call) is not part of this checkpoint
     head = w.meta_int(CONV_HEAD_KEY, 0)
     if window <= 0:  # (every group closed above)
-        _close_group(w, seq + 1, start, t, caller.pid, head)
+        _close_group(w, seq + 1, start, t, caller.pid, head, caller.above)
         _put_groups(w, seq + 1, [])
         return seq
     kept.append([start, caller.pid, t, head, list(caller.above)])
@@ -123,11 +124,35 @@ def _concurrent(caller: Caller, pid: int, above: list[int]) -> bool:
 
 
 def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
-                 conv_head: int | None) -> Checkpoint:
+                 conv_head: int | None, above: Any = ()) -> Checkpoint:
     first = w.get(JOURNAL, u64(start))
     comm = JournalRecord.unpack_head(start, first).comm if first else ""
-    return new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
-                          conv_head=conv_head)
+    ck = new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
+                        conv_head=conv_head)
+    _note_under(w, ck, above)
+    return ck
+
+
+def _note_under(w: WriteTxn, ck: Checkpoint, above: Any) -> None:
+    """If ck's command ran under the command that made the automatic checkpoint just before
+    it, or that one's own command ran under (an agent's `git add`, then its `git commit`,
+    started after its edits' group had closed), note that command's pid (META UNDER_KEY +
+    id): the log folds such a git-only checkpoint into the one before (core/folds.py).
+    Only the open group knows the pids above its command."""
+    if not above or ck.id < 1:
+        return
+    raw = w.get(CKPTS, u64(ck.id - 1))
+    if raw is None:
+        return
+    prev = Checkpoint.unpack(ck.id - 1, raw)
+    if prev.kind != "auto":
+        return
+    root = prev.pid if prev.pid != ck.pid and prev.pid in above else None
+    if root is None:
+        mark = w.get(META, UNDER_KEY + u64(prev.id))
+        root = from_u64(mark) if mark is not None and from_u64(mark) in above else None
+    if root is not None:
+        w.put(META, UNDER_KEY + u64(ck.id), u64(root))
 
 
 def close_open_group(w: WriteTxn) -> None:
@@ -136,8 +161,8 @@ def close_open_group(w: WriteTxn) -> None:
     _, groups = _open_groups(w)
     if groups:
         _put_groups(w, 0, [])
-        for start, pid, last, head, _ in sorted(groups, key=lambda g: g[0]):
-            _close_group(w, next_seq(w), start, last, pid, head)
+        for start, pid, last, head, above in sorted(groups, key=lambda g: g[0]):
+            _close_group(w, next_seq(w), start, last, pid, head, above)
 
 
 def hold_for_call(w: WriteTxn, running: bool) -> None:

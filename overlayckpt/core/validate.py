@@ -68,6 +68,7 @@ from overlayckpt.tables import (
     RESTORE_FILES_KEY,
     SEEN,
     SEQ_KEY,
+    UNDER_KEY,
     WRITE_BEHIND_KEY,
     XATTRS,
 )
@@ -391,6 +392,9 @@ def _meta(key: bytes, value: bytes, block_size: int, bundle: bool) -> None:
     elif key.startswith(RESTORE_FILES_KEY):
         if len(key) != len(RESTORE_FILES_KEY) + 8 or len(value) != 8:
             raise Bad("is not a restore's mark")
+    elif key.startswith(UNDER_KEY):
+        if len(key) != len(UNDER_KEY) + 8 or len(value) != 8:
+            raise Bad("is not a checkpoint's command tree mark")
     elif key == PARENT_KEY or key.startswith(FORK_KEY):
         if bundle:
             raise Bad("points to another store (a fork's parent or forks)")

@@ -13,6 +13,7 @@ from typing import TypedDict, cast
 import trio
 
 from overlayckpt.core import groupfiles
+from overlayckpt.core.folds import folds_into, git_only
 from overlayckpt.core.ignore import Ignored
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
@@ -103,6 +104,7 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
         # (bookkeeping rows are folded only in the whole log, not in one file's)
         ignored = None if everything or file is not None else Ignored.of(s.overlay, r)
         folded: list[int] = []  # bookkeeping rows newer than any row shown yet
+        git_row: dict[str, Any] | None = None  # an agent's git-only row, folding into the next
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -113,10 +115,37 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
             entry = checkpoint_entry(r, ck, files_at, LOG_FILES, everything)
             if before is not None and not entry["files_pending"]:
                 _by_content(s, r, before, ck, entry, everything)
-            if entry["empty"] and not everything:
+            skip = entry["empty"] and not everything
+            bookkeeping = not skip and ignored is not None and _bookkeeping(r, ck, ignored)
+            if git_row is not None:  # ck is the checkpoint it folds into
+                if not skip and not bookkeeping and ignored is not None and folds_into(r, ck, before, ignored):
+                    # (git add, then git commit: the newest git summary names them)
+                    _take_place(entry, git_row)
+                    entry["summary"], git_row, ck = git_row["summary"], entry, before
+                    continue
+                if skip or bookkeeping or ignored is None or git_only(r, ck, ignored):
+                    # no edits' row to fold into: the git row is one of its own after all
+                    if limit and len(out) >= limit:
+                        return {"checkpoints": out, "more": True}
+                    if folded:
+                        git_row["folded"], folded = folded + git_row.get("folded", []), []
+                    out.append(git_row)
+                    git_row = None
+                    if skip or bookkeeping:
+                        if bookkeeping:
+                            out[-1].setdefault("folded", []).append(ck.id)
+                        ck = before
+                        continue
+                else:
+                    _fold_git_row(r, ck, entry, git_row)
+                    git_row = None
+            elif skip:
                 ck = before
                 continue
-            if ignored is not None and _bookkeeping(r, ck, ignored):
+            elif ignored is not None and folds_into(r, ck, before, ignored):
+                git_row, ck = entry, before
+                continue
+            elif bookkeeping:
                 # folded into the row after it (the newer), or the one before if it is the newest
                 (out[-1].setdefault("folded", []) if out else folded).append(ck.id)
                 ck = before
@@ -124,11 +153,38 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
             if limit and len(out) >= limit:
                 return {"checkpoints": out, "more": True}
             if folded:
-                entry["folded"], folded = folded, []
+                entry["folded"], folded = folded + entry.get("folded", []), []
             out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
     return store.read(fn)
+
+
+def _take_place(entry: dict[str, Any], newer: dict[str, Any]) -> None:
+    """entry's row shows newer's checkpoint too, under newer's id: restoring or diffing the
+    row reaches the state after both (an agent's edits and its commit: git status clean)."""
+    entry["folded"] = [entry["id"], *newer.get("folded", []), *entry.get("folded", [])]
+    entry.update(id=newer["id"], seq=newer["seq"], time=newer["time"])
+
+
+def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: dict[str, Any], git_row: dict[str, Any]) -> None:
+    """entry (ck's row) shows git_row's checkpoint too (core/folds.py), under git_row's id
+    (the older ones in "folded"); where ck's summary names only its files, git's summary
+    comes before them, as one checkpoint of both would read."""
+    from overlayckpt.core.conversation import summary_before
+    _take_place(entry, git_row)
+    if not ck.message and git_row["summary"].startswith("git ") \
+            and summary_before(r, ck.start_seq, ck.seq, ck.conv_head) is None:
+        git = git_row["summary"]  # (without the files it names after git's part: entry's own)
+        while "; " in git and git.rpartition("; ")[2].startswith(_DESCRIBED):
+            git = git.rpartition("; ")[0]
+        files = entry["summary"]  # (after git's own part, e.g. the `git add` of a new file)
+        if files.startswith("git "):
+            files = files.partition("; ")[2]
+        entry["summary"] = f"{git}; {files}" if files else git
+
+
+_DESCRIBED = ("added ", "modified ", "deleted ", "renamed ")  # summaries.describe's parts
 
 
 # A group of more paths than this is not looked at for bookkeeping: it is shown.
@@ -211,6 +267,9 @@ async def _claude_resume(s: Session, cid: int) -> _Resume:
         why = f"{e.strerror}: {quote_path(e.filename or '')}" if isinstance(e, OSError) else str(e)
         return {"warnings": [f"the agent transcript was not cut: {why}"]}
     if found is None:
+        if any(line.get("agent") == "opencode" for line in lines):
+            from overlayckpt.core.opencode import REWIND_NOTE
+            return {"warnings": [REWIND_NOTE]}
         return {}
     command, path = found
     out: _Resume = {"resume": command, "transcript": path}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from overlayckpt.core.conversation import append
 from overlayckpt.core.groupfiles import GONE, fold
 from overlayckpt.core.ignore import AGENT_RULES, Ignored
 from overlayckpt.core.journal import Caller
@@ -256,3 +257,69 @@ async def test_bookkeeping_checkpoints_fold_into_their_neighbour(session: Sessio
         ("added app.py", [4, 2]), ("added .gitignore", None), ("session start", None)]
     everything = (await log(session, all=True))["checkpoints"]
     assert [c["id"] for c in everything] == [4, 3, 2, 1, 0]
+
+
+AIDER = Caller(6161, "aider")
+
+
+async def test_an_agents_own_git_commit_folds_into_its_edits(session: Session) -> None:
+    """An agent's `git commit` after its edits' group closed (Aider's, when the model takes
+    longer than the window to write the commit message) is no row of its own in the default
+    log: git run by the agent itself, or under it (git add, then git commit), and the edits
+    are one row, named by the commit, under the commit's id; `log --all` shows each."""
+    ov = session.overlay
+    put(ov, ME, ".gitignore", b".aider*\n")
+    await log(session)
+    put(ov, AIDER, "README.md", b"shout\n")
+    put(ov, AIDER, ".aider.chat.history.md", b"# chat\n")
+    await log(session)  # the window passed: the edits close
+    put(ov, AIDER, ".git/objects/ab/cdef0123", b"\x78\x01blob")
+    put(ov, AIDER, ".git/COMMIT_EDITMSG", b"shout the greeting\n")
+    put(ov, AIDER, ".aider.chat.history.md", b"# chat\nmore\n")  # its own files fold too
+    shown = (await log(session))["checkpoints"]
+    assert [(c["summary"], len(c.get("folded", []))) for c in shown] == [
+        ('git commit "shout the greeting"; added .aider.chat.history.md; modified README.md', 1),
+        ("added .gitignore", 0),
+        ("session start", 0)], shown
+    # the row is the commit's checkpoint (restoring it gives the edits committed), the
+    # edits' checkpoint folded into it
+    edits = shown[0]["folded"][0]
+    assert shown[0]["folded"] == [edits] and shown[0]["id"] == edits + 1
+    # git as the agent's child, a command of its own (an agent run at a shell prompt):
+    # git add, then git commit, each a checkpoint
+    put(ov, AIDER, "notes.txt", b"n\n")
+    await log(session)
+    put(ov, Caller(7001, "git", above=(6161, 1)), ".git/index", b"DIRC 2")
+    await log(session)
+    put(ov, Caller(7002, "git", above=(6161, 1)), ".git/COMMIT_EDITMSG", b"add notes\n")
+    shown = (await log(session))["checkpoints"]
+    assert shown[0]["summary"] == 'git commit "add notes"; added notes.txt', shown[0]
+    assert shown[0]["id"] == edits + 4 and sorted(shown[0]["folded"]) == [edits + 2, edits + 3], shown[0]
+    assert shown[1]["id"] == edits + 1
+    everything = (await log(session, all=True))["checkpoints"]
+    assert [c["id"] for c in everything][:3] == [edits + 4, edits + 3, edits + 2]
+
+
+async def test_a_git_commit_of_another_process_or_after_a_step_stays_a_row(session: Session) -> None:
+    """A `git commit` the user types after an agent's edit (another process tree), one after
+    a named checkpoint or a restore, and one after a conversation line are rows of their own."""
+    ov = session.overlay
+    tl = Timeline(session.ctx)
+    put(ov, AIDER, "README.md", b"shout\n")
+    await log(session)
+    put(ov, Caller(8001, "git", above=(8000, 1)), ".git/COMMIT_EDITMSG", b"mine\n")  # the user's
+    await log(session)
+    put(ov, AIDER, "a.txt", b"a\n")
+    await log(session)
+    tl.checkpoint("named", None, ME)
+    put(ov, AIDER, ".git/COMMIT_EDITMSG", b"after named\n")
+    await log(session)
+    put(ov, AIDER, "b.txt", b"b\n")
+    await log(session)
+    session.store.write(lambda w: append(w, {"role": "assistant", "content": "next step"}))
+    put(ov, AIDER, ".git/COMMIT_EDITMSG", b"after a line\n")
+    shown = (await log(session))["checkpoints"]
+    assert [c["summary"] for c in shown][:6] == [
+        "next step", "added b.txt", 'git commit "after named"', "no net changes", "added a.txt",
+        'git commit "mine"'], [(c["id"], c["summary"]) for c in shown]
+    assert not any(c.get("folded") for c in shown)

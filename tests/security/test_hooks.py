@@ -235,9 +235,70 @@ def test_a_forged_transcript_path_is_not_followed(repo: Path, mount_factory, tmp
     assert surroundings(tmp_path, m.mnt, m.store) == before
 
 
+def opencode_events(mnt: Path, outside: Path) -> list[object]:
+    """What anyone who can run the hook may send as opencode's plugin events: paths
+    outside the repo (through .., absolute, a symlink the repo ships), a forged
+    transcript path, fields of every wrong type, an unknown event, nesting."""
+    base = {"cwd": str(mnt), "session_id": "ses_1"}
+    deep: object = "x"
+    for _ in range(200):
+        deep = {"a": [deep]}
+    return [
+        dict(base, hook_event_name="tool.execute.before", tool="write", call_id="c1",
+             args={"filePath": str(outside / "victim.txt"), "content": "pwned"}),
+        dict(base, hook_event_name="tool.execute.after", tool="write", call_id="c1", output="ok"),
+        dict(base, hook_event_name="tool.execute.before", tool="read", call_id="c2",
+             args={"filePath": str(mnt / "src" / ".." / ".." / "outside" / "victim.txt")}),
+        dict(base, hook_event_name="tool.execute.before", tool="edit", call_id="c3",
+             args={"filePath": str(mnt / "out" / "victim.txt")}, transcript_path=str(outside / "victim.txt")),
+        dict(base, hook_event_name="tool.execute.before", tool={"x": 1}, call_id=5, args="not an object"),
+        dict(base, hook_event_name="tool.execute.after", tool=None, call_id=[1], output={"nested": deep}),
+        dict(base, hook_event_name="chat.message", prompt=["not", "text"], session_id={"x": 1}),
+        dict(base, hook_event_name="session.idle", message=7),
+        dict(base, hook_event_name="tool.execute.before", tool="apply_patch", call_id="c4",
+             args={"patchText": f"*** Begin Patch\n*** Add File: {outside}/victim.txt\n+x\n*** End Patch"}),
+        dict(base, hook_event_name="file.edited", file=str(outside / "victim.txt")),  # logs nothing
+        dict(base, hook_event_name="tool.execute.before", tool="write", args={"filePath": 42}),
+    ]
+
+
+def test_hostile_opencode_events_are_text_only(tmp_path: Path, mount_factory, hook: list[str]) -> None:
+    """opencode's events are parsed by the daemon (core/opencode.py) from whatever the
+    hook was given: each becomes a line or nothing, its paths are only text in the line
+    (nothing outside the repo is opened, read or written, no link is followed), the daemon
+    logs no error, and a restore of the conversation reads no transcript it names."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("mine\n")
+    repo = make_repo(tmp_path / "repo")
+    (repo / "out").symlink_to(outside)
+    m: Mount = mount_factory(repo)
+    before = surroundings(tmp_path, m.mnt, m.store)
+    for ev in opencode_events(m.mnt, outside):
+        proc = subprocess.run(hook + ["opencode"], input=json.dumps(ev), text=True, capture_output=True,
+                              cwd=str(m.mnt), env=hook_env(), timeout=30)
+        assert proc.returncode == 0 and proc.stdout == "", proc
+    lines = conversation(m)
+    assert len(lines) == 10 and all(x["agent"] == "opencode" for x in lines), lines
+    assert lines[0]["summary"] == f"write {outside}/victim.txt" and lines[0]["transcript_path"] is None
+    assert lines[3]["transcript_path"] is None  # forged: dropped, never followed
+    assert lines[4]["summary"] == "?" and lines[4]["tool"] == "?" and lines[4]["tool_use_id"] is None
+    assert lines[6]["content"] == "" and lines[7]["content"] == "(turn finished)"
+    assert lines[8]["summary"] == f"apply_patch {outside}/victim.txt"
+    assert lines[9]["summary"] == "write"
+    (m.mnt / "new.txt").write_text("after\n")
+    cid = m.cli("checkpoint").stdout.strip()
+    (m.mnt / "new.txt").write_text("later\n")
+    done = m.cli("restore", cid, "--both")
+    assert "opencode's own session is not rewound" in done.stderr and "Traceback" not in done.stderr
+    assert (m.mnt / "new.txt").read_text() == "after\n"
+    assert (outside / "victim.txt").read_text() == "mine\n"
+    assert surroundings(tmp_path, m.mnt, m.store) == before
+
+
 # --- install-hooks ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini", "cursor"])
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini", "cursor", "opencode"])
 def test_install_hooks_into_a_missing_directory_is_refused(tmp_path: Path, agent: str) -> None:
     home = tmp_path / "home"
     home.mkdir()
