@@ -67,7 +67,7 @@ def cursor_events(root: str) -> list[dict[str, Any]]:
 
 
 def opencode_events(cwd: str) -> list[dict[str, Any]]:
-    """What our opencode plugin sends (core/opencode.py): its hooks' input and output."""
+    """What our opencode plugin sends (agents/opencode.py): its hooks' input and output."""
     base = {"cwd": cwd, "session_id": "ses_1"}
     write = {"filePath": f"{cwd}/notes.txt", "content": "mine\n"}
     return [

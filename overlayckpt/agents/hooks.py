@@ -122,8 +122,8 @@ def event_to_line(event: Mapping[str, object], agent: str = "claude-code") -> di
     """One conversation line for an agent's hook event (None: nothing to log)."""
     if agent in ("gemini", "cursor"):
         event = _as_claude(event, agent)
-    elif agent == "opencode":  # our plugin's events (core/opencode.py)
-        from overlayckpt.core.opencode import as_claude
+    elif agent == "opencode":  # our plugin's events (agents/opencode.py)
+        from overlayckpt.agents.opencode import as_claude
         event = as_claude(event)
     name = event.get("hook_event_name")
     common: dict[str, object] = {"agent": agent, "event": name, "session_id": event.get("session_id"),

@@ -69,7 +69,7 @@ def user_settings_path(agent: str = "claude-code") -> str:
     if agent == "cursor":
         return os.path.join(home, ".cursor", "hooks.json")
     if agent == "opencode":  # our plugin, in opencode's user plugins directory
-        from overlayckpt.core.opencode import plugin_path
+        from overlayckpt.agents.opencode import plugin_path
         return plugin_path()
     base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
     return os.path.join(base, "settings.json")
@@ -219,7 +219,7 @@ def install_hooks(path: str, command: str, agent: str = "claude-code") -> str:
     see it. Outside a mount the hook finds no mount and exits 0 at once.
     """
     if agent == "opencode":  # no hooks file: a plugin of ours that runs the command
-        from overlayckpt.core.opencode import plugin_text
+        from overlayckpt.agents.opencode import plugin_text
         _replace_file(path, plugin_text(command))
         return path
     settings = _read_settings(path)
@@ -274,7 +274,7 @@ def uninstall_hooks(path: str, agent: str = "claude-code") -> bool:
     if not os.path.exists(path):
         return False
     if agent == "opencode":  # our plugin file, and nothing but it
-        from overlayckpt.core.opencode import is_ours
+        from overlayckpt.agents.opencode import is_ours
         if not is_ours(path):
             return False
         os.unlink(path)

@@ -104,7 +104,7 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
         # (bookkeeping rows are folded only in the whole log, not in one file's)
         ignored = None if everything or file is not None else Ignored.of(s.overlay, r)
         folded: list[int] = []  # bookkeeping rows newer than any row shown yet
-        git_row: dict[str, Any] | None = None  # an agent's git-only row, folding into the next
+        git_row: LogEntry | None = None  # an agent's git-only row, folding into the next
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -160,14 +160,14 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
     return store.read(fn)
 
 
-def _take_place(entry: dict[str, Any], newer: dict[str, Any]) -> None:
+def _take_place(entry: LogEntry, newer: LogEntry) -> None:
     """entry's row shows newer's checkpoint too, under newer's id: restoring or diffing the
     row reaches the state after both (an agent's edits and its commit: git status clean)."""
     entry["folded"] = [entry["id"], *newer.get("folded", []), *entry.get("folded", [])]
-    entry.update(id=newer["id"], seq=newer["seq"], time=newer["time"])
+    entry["id"], entry["seq"], entry["time"] = newer["id"], newer["seq"], newer["time"]
 
 
-def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: dict[str, Any], git_row: dict[str, Any]) -> None:
+def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: LogEntry, git_row: LogEntry) -> None:
     """entry (ck's row) shows git_row's checkpoint too (core/folds.py), under git_row's id
     (the older ones in "folded"); where ck's summary names only its files, git's summary
     comes before them, as one checkpoint of both would read."""
@@ -268,7 +268,7 @@ async def _claude_resume(s: Session, cid: int) -> _Resume:
         return {"warnings": [f"the agent transcript was not cut: {why}"]}
     if found is None:
         if any(line.get("agent") == "opencode" for line in lines):
-            from overlayckpt.core.opencode import REWIND_NOTE
+            from overlayckpt.agents.opencode import REWIND_NOTE
             return {"warnings": [REWIND_NOTE]}
         return {}
     command, path = found

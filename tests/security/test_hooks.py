@@ -263,7 +263,7 @@ def opencode_events(mnt: Path, outside: Path) -> list[object]:
 
 
 def test_hostile_opencode_events_are_text_only(tmp_path: Path, mount_factory, hook: list[str]) -> None:
-    """opencode's events are parsed by the daemon (core/opencode.py) from whatever the
+    """opencode's events are parsed by the daemon (agents/opencode.py) from whatever the
     hook was given: each becomes a line or nothing, its paths are only text in the line
     (nothing outside the repo is opened, read or written, no link is followed), the daemon
     logs no error, and a restore of the conversation reads no transcript it names."""

@@ -7,7 +7,7 @@ other agents' user settings are): on `chat.message`, `tool.execute.before`,
 `tool.execute.after`, a call's failure and `session.idle` it runs our compiled hook
 (`overlayckpt-hook opencode`) with one small event on stdin, synchronously, and
 swallows every error. The daemon makes the conversation line of it (as_claude, through
-agents.event_to_line): a tool call before it runs holds its checkpoint open, its result
+hooks.event_to_line): a tool call before it runs holds its checkpoint open, its result
 ends it, as Claude's lines do.
 
 The events' paths (a tool's filePath) are text for the summary only: nothing here opens
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
 
 PLUGIN_NAME = "overlayckpt.js"
 PLUGIN_MARK = "// overlayckpt: "  # the first line of every plugin we write (uninstall checks it)
@@ -126,7 +126,7 @@ def is_ours(path: str) -> bool:
         return f.read(len(PLUGIN_MARK)) == PLUGIN_MARK.encode()
 
 
-def _brief_input(tool: str, args: Any) -> Any:
+def _brief_input(tool: str, args: object) -> object:
     """A tool's input with opencode's names as Claude's (filePath: file_path), so the
     summary names the file; apply_patch's patchText as the command Codex's brief reads."""
     if not isinstance(args, dict):
@@ -139,22 +139,22 @@ def _brief_input(tool: str, args: Any) -> Any:
     return out
 
 
-def as_claude(event: dict[str, Any]) -> dict[str, Any]:
-    """One of our plugin's events in Claude Code's fields (agents.event_to_line makes the
+def as_claude(event: Mapping[str, object]) -> dict[str, object]:
+    """One of our plugin's events in Claude Code's fields (hooks.event_to_line makes the
     line). Any JSON object may come here (anyone can run the hook): fields of another
     type become text or nothing, never an error."""
     name = event.get("hook_event_name")
-    out: dict[str, Any] = {"hook_event_name": AS_CLAUDE.get(str(name), name), "agent_event": name,
+    out: dict[str, object] = {"hook_event_name": AS_CLAUDE.get(str(name), name), "agent_event": name,
                            "session_id": event.get("session_id"), "cwd": event.get("cwd"),
                            "transcript_path": None}  # (opencode's sessions are in its database)
     tool = event.get("tool")
-    out["tool_name"] = tool if isinstance(tool, str) else "?"
+    out["tool_name"] = tool_name = tool if isinstance(tool, str) else "?"
     call = event.get("call_id")
     out["tool_use_id"] = call if isinstance(call, str) else None
     if name == "chat.message":
         out["prompt"] = event.get("prompt") if isinstance(event.get("prompt"), str) else ""
     elif name == "tool.execute.before":
-        out["tool_input"] = _brief_input(out["tool_name"], event.get("args"))
+        out["tool_input"] = _brief_input(tool_name, event.get("args"))
     elif name == "tool.execute.after":
         output = event.get("output")
         out["tool_response"] = output if output is not None else event.get("title")
