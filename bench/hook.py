@@ -36,6 +36,8 @@ def agent_events(cwd: str) -> dict[str, list[dict[str, Any]]]:
     gemini = {"session_id": "bench", "transcript_path": "/tmp/session-bench.jsonl", "cwd": cwd,
               "timestamp": "2026-12-01T10:00:00Z"}
     cursor = {"conversation_id": "c1", "generation_id": "g1", "workspace_roots": [cwd], "model": "x"}
+    opencode = {"cwd": cwd, "session_id": "ses_bench"}
+    write = {"filePath": edit["file_path"], "content": "b\n"}
 
     def claude_like(tool: str, tool_input: dict[str, Any]) -> list[dict[str, Any]]:
         return [dict(claude, hook_event_name="UserPromptSubmit", prompt="fix the greeting"),
@@ -63,6 +65,12 @@ def agent_events(cwd: str) -> dict[str, list[dict[str, Any]]]:
                    dict(cursor, hook_event_name="postToolUse", tool_name="Write", tool_input=edit,
                         tool_output="ok", tool_use_id="cu_1"),
                    dict(cursor, hook_event_name="afterAgentResponse", text="Done.")],
+        "opencode": [dict(opencode, hook_event_name="chat.message", prompt="fix the greeting"),
+                     dict(opencode, hook_event_name="tool.execute.before", tool="write", call_id="call_1",
+                          args=write),
+                     dict(opencode, hook_event_name="tool.execute.after", tool="write", call_id="call_1",
+                          title="README.md", output="Wrote file successfully."),
+                     dict(opencode, hook_event_name="session.idle", message="Done.")],
     }
 
 

@@ -75,9 +75,8 @@ def cmd_log(args: argparse.Namespace) -> int:
             name = f" [{line_text(c['name'])}]" if c["name"] else ""
             proc = line_text(c["process"]["comm"] or "-")
             delta = f" +{c['added']} -{c['removed']}" if "added" in c else ""
-            if folded := c.get("folded"):  # bookkeeping checkpoints of ignored files (log --all)
-                n = len(folded)
-                delta += f" (+{n} bookkeeping checkpoint{'s' if n > 1 else ''}: {', '.join(map(str, folded))})"
+            if folded := c.get("folded"):  # bookkeeping checkpoints, an agent's commit (log --all)
+                delta += f" (also {', '.join(map(str, folded))}: folded in)"
             lines.append(f"{c['id']:>4}{name} {_local_time(c['time'])} {c['kind']:<7} {proc:<12} "
                          f"{line_text(c['summary'])}" + (f"\n       {files}{delta}" if files else ""))
         if r.get("more"):
