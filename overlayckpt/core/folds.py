@@ -9,7 +9,9 @@ before it when all of these hold:
 - both are automatic, and it is the very next checkpoint (a restore, a named checkpoint
   or anything else in between stops the folding);
 - it changed git's internals (`groupfiles.is_internal`) and nothing else but bookkeeping
-  (paths the repo ignores, agents' own files: core/ignore.py);
+  (paths the repo ignores, agents' own files: core/ignore.py), and what git did there
+  was to stage or commit (its summary: `git add`, `git commit`, an index refresh): a
+  checkout, reset, merge or branch is a step of its own;
 - its command is the one before's, ran under it, or ran under the command the one
   before's ran under (journal._note_under: the pids above a command are known only
   while its group is open): a `git commit` the user types after
@@ -57,7 +59,14 @@ def same_tree(r: ReadTxn, ck: Checkpoint, prev: Checkpoint) -> bool:
     return root is not None and (root == u64(prev.pid) or root == r.get(META, UNDER_KEY + u64(prev.id)))
 
 
-def folds_into(r: ReadTxn, ck: Checkpoint, prev: Checkpoint | None, ignored: Ignored) -> bool:
-    """Whether the default log shows ck as part of prev, the checkpoint just before it."""
+# what git did, as summaries.git_summary says it: staging (an index refresh too) or a commit
+COMMITTING = ("git add", "git commit", "git: index updated")
+
+
+def folds_into(r: ReadTxn, ck: Checkpoint, summary: str, prev: Checkpoint | None,
+               ignored: Ignored) -> bool:
+    """Whether the default log shows ck (whose summary is this) as part of prev, the
+    checkpoint just before it."""
     return (prev is not None and ck.kind == "auto" and prev.kind == "auto" and prev.id == ck.id - 1
-            and ck.conv_head == prev.conv_head and same_tree(r, ck, prev) and git_only(r, ck, ignored))
+            and summary.startswith(COMMITTING) and ck.conv_head == prev.conv_head
+            and same_tree(r, ck, prev) and git_only(r, ck, ignored))

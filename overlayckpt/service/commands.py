@@ -118,7 +118,8 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
             skip = entry["empty"] and not everything
             bookkeeping = not skip and ignored is not None and _bookkeeping(r, ck, ignored)
             if git_row is not None:  # ck is the checkpoint it folds into
-                if not skip and not bookkeeping and ignored is not None and folds_into(r, ck, before, ignored):
+                if not skip and not bookkeeping and ignored is not None \
+                        and folds_into(r, ck, entry["summary"], before, ignored):
                     # (git add, then git commit: the newest git summary names them)
                     _take_place(entry, git_row)
                     entry["summary"], git_row, ck = git_row["summary"], entry, before
@@ -142,7 +143,7 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
             elif skip:
                 ck = before
                 continue
-            elif ignored is not None and folds_into(r, ck, before, ignored):
+            elif ignored is not None and folds_into(r, ck, entry["summary"], before, ignored):
                 git_row, ck = entry, before
                 continue
             elif bookkeeping:

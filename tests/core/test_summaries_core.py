@@ -300,6 +300,22 @@ async def test_an_agents_own_git_commit_folds_into_its_edits(session: Session) -
     assert [c["id"] for c in everything][:3] == [edits + 4, edits + 3, edits + 2]
 
 
+async def test_an_agents_checkout_or_reset_stays_a_row(session: Session) -> None:
+    """Only staging and committing fold: a checkout, branch or reset the agent (or a script
+    that also edits) runs is a step of its own, even right after its edits."""
+    ov = session.overlay
+    put(ov, AIDER, "README.md", b"shout\n")
+    await log(session)
+    put(ov, AIDER, ".git/logs/HEAD", reflog("checkout: moving from main to feat"), append=True)
+    put(ov, AIDER, ".git/refs/heads/feat", b"0" * 40 + b"\n")
+    await log(session)
+    put(ov, AIDER, ".git/logs/HEAD", reflog("reset: moving to HEAD"), append=True)
+    shown = (await log(session))["checkpoints"]
+    assert [c["summary"] for c in shown][:3] == [
+        "git reset HEAD", "git checkout feat", "modified README.md"], shown
+    assert not any(c.get("folded") for c in shown)
+
+
 async def test_a_git_commit_of_another_process_or_after_a_step_stays_a_row(session: Session) -> None:
     """A `git commit` the user types after an agent's edit (another process tree), one after
     a named checkpoint or a restore, and one after a conversation line are rows of their own."""
