@@ -17,6 +17,7 @@ import time
 
 from overlayckpt.cli.client import send
 from overlayckpt.errors import UserError
+from overlayckpt.messages import parse
 
 
 def run(argv: list[str]) -> str | None:
@@ -27,7 +28,7 @@ def run(argv: list[str]) -> str | None:
 def ctl(spec: dict) -> str | None:
     """One command through the control file, as the CLI sends it; its error, if any."""
     try:
-        send(spec["mount"], spec["cmd"])
+        send(spec["mount"], parse(spec["cmd"]))
     except UserError as e:
         return str(e)[-300:]
     return None

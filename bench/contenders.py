@@ -441,7 +441,8 @@ class Overlayckpt(Contender):
         try:
             if self._conn is None:
                 self._conn = self._send(str(self.root))
-            return self._conn.call(cmd)
+            from overlayckpt.messages import parse  # (the typed request the daemon parses too)
+            return self._conn.call(parse(cmd))
         except Exception as e:  # UserError and friends
             raise ContenderError(f"control {cmd['cmd']}: {type(e).__name__}: {e}") from e
 
