@@ -38,7 +38,7 @@ from bench.contenders import (
     run_cli,
     wait_mounted,
 )
-from bench.tree_workloads import rss_bytes
+from bench.tree_workloads import resident_memory
 from bench.workloads import Ctx, Samples, Workload, _add, now
 
 # -- probes of the mount -----------------------------------------------------------
@@ -361,7 +361,7 @@ class LongSession(Workload):
         # the daemon's resident memory after every command above (SPEC: <= 300 MB)
         pid = json.loads(self._cli("status", "--json", "--mount", str(self.mnt))).get("pid")
         if pid:
-            ctx.extra["long_session"][c.name]["daemon_rss"] = rss_bytes(pid)
+            ctx.extra["long_session"][c.name]["daemon_rss"] = resident_memory(pid)
         if is_mounted(self.mnt):
             try:
                 self._cli("unmount", str(self.mnt), "--no-apply", timeout=120)
