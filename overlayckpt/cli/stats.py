@@ -91,7 +91,7 @@ def text(r: StatsReply) -> str:
     from overlayckpt.names import quote_path
     lines = [f"since {r['since']} ({r['uptime_s']:,.1f} s) at {quote_path(r['mountpoint'] or '')}"]
     if not r["requests_timed"]:
-        lines.append("(reads and writes are not timed: the kernel-cache library does not serve this mount)")
+        lines.append("(reads and writes are not timed: the C fast path does not serve this mount)")
     lines.append(f"{'':<12}{'count':>9}{'p50':>12}{'p99':>12}{'max':>12}")
     notes = {"writes": f"{r['writes']['acknowledged_early']:,} answered before their capture",
              "capture": f"{r['capture']['after_reply']:,} after their reply",
