@@ -38,8 +38,7 @@ from bench.contenders import (
     run_cli,
     wait_mounted,
 )
-from bench.tree_workloads import resident_memory
-from bench.workloads import Ctx, Samples, Workload, _add, now
+from bench.workloads import Ctx, Samples, Workload, _add, now, resident_memory
 
 # -- probes of the mount -----------------------------------------------------------
 

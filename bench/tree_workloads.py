@@ -14,7 +14,7 @@ import os
 import subprocess
 
 from bench.contenders import Contender
-from bench.workloads import SUBPROCESS_TIMEOUT, Ctx, Samples, Workload, _add, drop_caches, now
+from bench.workloads import SUBPROCESS_TIMEOUT, Ctx, Samples, Workload, _add, drop_caches, now, resident_memory
 
 
 def walk(root: str) -> int:
@@ -25,16 +25,6 @@ def walk(root: str) -> int:
             os.lstat(os.path.join(dirpath, name))
             n += 1
     return n
-
-
-def resident_memory(pid: int) -> dict[str, int]:
-    """The process's resident memory: all of it, its own (anonymous and shared memory) and
-    the file pages it maps (for our daemon: LMDB's store, page cache the kernel reclaims)."""
-    with open(f"/proc/{pid}/status") as f:
-        kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
-              if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
-    return {"rss": kb.get("VmRSS", 0), "own": kb.get("RssAnon", 0) + kb.get("RssShmem", 0),
-            "mapped_files": kb.get("RssFile", 0)}
 
 
 class BigTree(Workload):

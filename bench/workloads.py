@@ -185,6 +185,16 @@ class Workload:
         """Once per contender after the last round, untimed."""
 
 
+def resident_memory(pid: int) -> dict[str, int]:
+    """The process's resident memory: all of it, its own (anonymous and shared memory) and
+    the file pages it maps (for our daemon: LMDB's store, page cache the kernel reclaims)."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
+              if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+    return {"rss": kb.get("VmRSS", 0), "own": kb.get("RssAnon", 0) + kb.get("RssShmem", 0),
+            "mapped_files": kb.get("RssFile", 0)}
+
+
 def _add(out: Samples, metric: str, ns: int) -> None:
     out.setdefault(metric, []).append(ns)
 
@@ -529,13 +539,10 @@ class DaemonMemory(Workload):
         subprocess.run(["find", str(c.root), "-ls"], stdout=subprocess.DEVNULL, check=True)
         _add(out, "walk_find_ls", now() - t0)
         if pid is not None:
-            with open(f"/proc/{pid}/status") as f:
-                kb = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)
-                      if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
-            ctx.extra.setdefault("daemon_rss", {})[c.name] = kb["VmRSS"]
-            # of it: the daemon's own memory, and file pages it maps (LMDB's store)
+            mem = resident_memory(pid)
+            ctx.extra.setdefault("daemon_rss", {})[c.name] = mem["rss"]
             ctx.extra.setdefault("daemon_rss_parts", {})[c.name] = {
-                "anon": kb.get("RssAnon", 0) + kb.get("RssShmem", 0), "file": kb.get("RssFile", 0)}
+                "anon": mem["own"], "file": mem["mapped_files"]}
         ctx.tick(1)
 
 
