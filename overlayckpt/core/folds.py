@@ -27,6 +27,7 @@ from __future__ import annotations
 from overlayckpt.core import groupfiles
 from overlayckpt.core.groupfiles import is_internal
 from overlayckpt.core.ignore import Ignored
+from overlayckpt.core.summaries import COMMITTING
 from overlayckpt.records import Checkpoint, u64
 from overlayckpt.store.lmdbstore import ReadTxn
 from overlayckpt.tables import META, UNDER_KEY
@@ -52,15 +53,11 @@ def git_only(r: ReadTxn, ck: Checkpoint, ignored: Ignored) -> bool:
 
 def same_tree(r: ReadTxn, ck: Checkpoint, prev: Checkpoint) -> bool:
     """Whether ck's command is prev's, ran under it, or ran under the command prev's ran
-    under (prev: the checkpoint just before; journal._note_under)."""
-    if ck.pid == prev.pid:
-        return True
-    root = r.get(META, UNDER_KEY + u64(ck.id))
-    return root is not None and (root == u64(prev.pid) or root == r.get(META, UNDER_KEY + u64(prev.id)))
+    under (prev: the checkpoint just before). journal._note_under marks ck only in the
+    last two cases, as its group closes: the mark is the answer."""
+    return ck.pid == prev.pid or r.get(META, UNDER_KEY + u64(ck.id)) is not None
 
 
-# what git did, as summaries.git_summary says it: staging (an index refresh too) or a commit
-COMMITTING = ("git add", "git commit", "git: index updated")
 
 
 def folds_into(r: ReadTxn, ck: Checkpoint, summary: str, prev: Checkpoint | None,

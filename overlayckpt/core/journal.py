@@ -13,7 +13,7 @@ the next one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +124,7 @@ def _concurrent(caller: Caller, pid: int, above: list[int]) -> bool:
 
 
 def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
-                 conv_head: int | None, above: Any = ()) -> Checkpoint:
+                 conv_head: int | None, above: Sequence[int] = ()) -> Checkpoint:
     first = w.get(JOURNAL, u64(start))
     comm = JournalRecord.unpack_head(start, first).comm if first else ""
     ck = new_checkpoint(w, end_seq, start, "auto", None, None, pid, comm, time_ns=last_ns,
@@ -133,7 +133,7 @@ def _close_group(w: WriteTxn, end_seq: int, start: int, last_ns: int, pid: int,
     return ck
 
 
-def _note_under(w: WriteTxn, ck: Checkpoint, above: Any) -> None:
+def _note_under(w: WriteTxn, ck: Checkpoint, above: Sequence[int]) -> None:
     """If ck's command ran under the command that made the automatic checkpoint just before
     it, or that one's own command ran under (an agent's `git add`, then its `git commit`,
     started after its edits' group had closed), note that command's pid (META UNDER_KEY +

@@ -125,6 +125,11 @@ def _new_branches(internal: dict[str, str]) -> list[str]:
     return [p[len(prefix):] for p, c in internal.items() if p.startswith(prefix) and c == Change.ADDED]
 
 
+# The summaries git_summary gives what stages or commits the work tree (an index refresh
+# too), as opposed to a checkout, reset, merge or branch: core/folds.py folds only these.
+COMMITTING = ("git add", "git commit", "git: index updated")
+
+
 def _from_reflog(moves: list[str], internal: dict[str, str], work_changed: bool) -> str:
     first, last = moves[0], moves[-1]
     verb = first.split(":")[0].split(" ")[0]  # "commit (amend): x" -> commit
