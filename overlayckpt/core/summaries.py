@@ -174,11 +174,16 @@ def _from_paths(ck: Checkpoint, internal: dict[str, str], files_at: Files | None
     return f"git: {describe([{'path': p, 'change': c} for p, c in internal.items()])}"
 
 
+_WORDS: dict[str, str] = {Change.ADDED: "added", Change.MODIFIED: "modified",
+                          Change.DELETED: "deleted", Change.RENAMED: "renamed"}
+# how each part of describe's text begins ("modified a.py, b.py")
+DESCRIBED = tuple(f"{word} " for word in _WORDS.values())
+
+
 def describe(files: list[FileChange], totals: dict[str, int] | None = None) -> str:
     """totals: how many files of each change there are, when files holds only the first
     three of each (else files is all of them)."""
-    words: dict[str, str] = {Change.ADDED: "added", Change.MODIFIED: "modified",
-                             Change.DELETED: "deleted", Change.RENAMED: "renamed"}
+    words = _WORDS
     by: dict[str, list[str]] = {}  # the first 3 names of each kind
     counts: dict[str, int] = {}
     for f in files:

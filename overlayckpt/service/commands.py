@@ -173,19 +173,17 @@ def _fold_git_row(r: ReadTxn, ck: Checkpoint, entry: LogEntry, git_row: LogEntry
     (the older ones in "folded"); where ck's summary names only its files, git's summary
     comes before them, as one checkpoint of both would read."""
     from overlayckpt.core.conversation import summary_before
+    from overlayckpt.core.summaries import DESCRIBED
     _take_place(entry, git_row)
     if not ck.message and git_row["summary"].startswith("git ") \
             and summary_before(r, ck.start_seq, ck.seq, ck.conv_head) is None:
         git = git_row["summary"]  # (without the files it names after git's part: entry's own)
-        while "; " in git and git.rpartition("; ")[2].startswith(_DESCRIBED):
+        while "; " in git and git.rpartition("; ")[2].startswith(DESCRIBED):
             git = git.rpartition("; ")[0]
         files = entry["summary"]  # (after git's own part, e.g. the `git add` of a new file)
         if files.startswith("git "):
             files = files.partition("; ")[2]
         entry["summary"] = f"{git}; {files}" if files else git
-
-
-_DESCRIBED = ("added ", "modified ", "deleted ", "renamed ")  # summaries.describe's parts
 
 
 # A group of more paths than this is not looked at for bookkeeping: it is shown.
