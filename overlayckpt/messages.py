@@ -425,6 +425,8 @@ class KernelStatus(TypedDict):
     kernel_dir_cache: bool
     repo_read_ahead: Mapping[str, object] | None  # how far the repo's read-ahead got
     dir_attrs_from_c: NotRequired[int]
+    names_from_c: NotRequired[int]
+    listings_from_c: NotRequired[int]
     kernel_invalidation: NotRequired[str]  # "epoch" or "entries"
 
 

@@ -94,6 +94,8 @@ class Kernel:
         """What the status command shows of the kernel side (fuse/fastpath.py)."""
         return {"kernel_dir_cache": fastpath.active(), "repo_read_ahead": fastpath.read_ahead(),
                 "dir_attrs_from_c": fastpath.dir_attrs_answered(),
+                "names_from_c": fastpath.names_answered(),
+                "listings_from_c": fastpath.listings_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:

@@ -17,14 +17,17 @@ from conftest import Mount
 
 AT_FDCWD = -100
 AT_STATX_FORCE_SYNC = 0x2000
+AT_SYMLINK_NOFOLLOW = 0x100
 STATX_BASIC_STATS = 0x7FF
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def synced(path: Path) -> tuple[int, ...]:
-    """The attributes the daemon answers now (statx forcing a GETATTR), as attrs() gives them."""
+    """The attributes the daemon answers now (statx forcing a GETATTR), as attrs() gives them
+    (of a symlink itself, as lstat)."""
     buf = ctypes.create_string_buffer(256)
-    if _libc.statx(AT_FDCWD, os.fsencode(path), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf) != 0:
+    flags = AT_STATX_FORCE_SYNC | AT_SYMLINK_NOFOLLOW
+    if _libc.statx(AT_FDCWD, os.fsencode(path), flags, STATX_BASIC_STATS, buf) != 0:
         raise OSError(ctypes.get_errno(), f"statx {path}")
     raw = buf.raw
     u32 = lambda off: int.from_bytes(raw[off:off + 4], "little")  # noqa: E731

@@ -145,3 +145,9 @@ def test_histogram_buckets_agree(lib: ctypes.CDLL) -> None:
     values += [(1 << k) + d for k in range(4, 62) for d in (-1, 0, 1, 1 << (k - 4))]
     for v in values:
         assert lib.fastpath_hist_bucket(v) == latency.bucket_of(v), v
+
+
+def test_published_names_layout(lib: ctypes.CDLL) -> None:
+    """fastpath.py packs each name's answer as names.c copies it out: struct fuse_entry_out."""
+    fastpath = importlib.import_module("overlayckpt.fuse.fastpath")
+    assert c_u32(lib, "fastpath_ENTRY_OUT_SIZE") == fastpath.ENTRY_OUT.size

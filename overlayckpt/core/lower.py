@@ -145,6 +145,9 @@ class Lower:
         # ran (the daemon reads the repo's metadata ahead from there: fastpath.warm_tree,
         # which runs only once the mount is served by the C library)
         self.warm = warm
+        self.listings_made = 0  # directories listed from the disk so far (not from the cache)
+        # called when the cached answers go (the FUSE adapter drops what C answers from them)
+        self.on_forget: Callable[[], None] | None = None
 
     def close(self) -> None:
         self.forget_cached()
@@ -161,6 +164,8 @@ class Lower:
         self._listed = 0
         self._huge.clear()
         self._once.clear()
+        if self.on_forget is not None:
+            self.on_forget()
 
     def _dirfd(self, path: bytes) -> int:
         """A cached fd of a lower directory (the repo is read-only while mounted)."""
@@ -251,6 +256,7 @@ class Lower:
             self._listings.move_to_end(path)
         else:
             cached = self._listdir(path)
+            self.listings_made += 1
             if len(cached) > CACHE_ENTRIES // 4:
                 # not kept: a lookup in it stats its one name, never lists it all again
                 self._huge.add(path)

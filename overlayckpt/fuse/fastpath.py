@@ -14,6 +14,7 @@ import errno
 import inspect
 import logging
 import os
+import struct
 import sys
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -89,6 +90,12 @@ def preload() -> None:
     lib.fastpath_publish_dir_attrs.argtypes = [u64] + [u32] * 5 + [u64, u64, u32] + [u64, u32] * 3 + [u64]
     lib.fastpath_publish_dir_attrs.restype = None
     lib.fastpath_drop_dir_attrs.restype = None
+    lib.fastpath_names_clock.restype = u64
+    lib.fastpath_names_changed.restype = None
+    lib.fastpath_names_touch.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    lib.fastpath_names_touch.restype = None
+    lib.fastpath_publish_listing.argtypes = [u64, u64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_publish_listing.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
@@ -253,6 +260,76 @@ def dir_attrs_answered() -> int:
     if _lib is None:
         return 0
     return ctypes.c_uint64.in_dll(_lib, "fastpath_dir_attrs_answered").value
+
+
+# A listing goes to names.c as, for each entry, u32 name length, the name, then
+# linux/fuse.h's struct fuse_entry_out (its size is checked by a test): nodeid,
+# generation, entry_valid, attr_valid, their nsecs, then struct fuse_attr (ino, size,
+# blocks, atime, mtime, ctime, their nsecs, mode, nlink, uid, gid, rdev, blksize, flags).
+_LEN = struct.Struct("<I")
+ENTRY_OUT = struct.Struct("<QQQQII6Q10I")
+
+
+def names_clock() -> int:
+    """The clock names.c stamps published listings with: read it before reading what
+    to publish (0 without the library)."""
+    return _lib.fastpath_names_clock() if _lib is not None else 0
+
+
+def names_changed() -> None:
+    """Anything may have changed: drop every published listing (the repo's cached
+    answers went)."""
+    if _lib is not None:
+        _lib.fastpath_names_changed()
+
+
+def names_touch(inodes: set[bytes], everything: bool = False) -> None:
+    """These inodes (8-byte keys) changed: C no longer answers from what it was
+    published of them (Store.on_commit; everything: of any inode)."""
+    if _lib is None:
+        return
+    if everything:
+        _lib.fastpath_names_changed()
+        return
+    arr = (ctypes.c_uint64 * len(inodes))(*[int.from_bytes(k, "big") for k in inodes])
+    _lib.fastpath_names_touch(arr, len(inodes))
+
+
+def _entry_out(a: EntryAttributes) -> bytes:
+    """a as libfuse's fuse_reply_entry sends it (whole-second timeouts, as ours are)."""
+    atime, atime_ns = divmod(a.st_atime_ns, 10**9)
+    mtime, mtime_ns = divmod(a.st_mtime_ns, 10**9)
+    ctime, ctime_ns = divmod(a.st_ctime_ns, 10**9)
+    return ENTRY_OUT.pack(a.st_ino, a.generation, int(a.entry_timeout), int(a.attr_timeout), 0, 0,
+                          a.st_ino, a.st_size, a.st_blocks, atime, mtime, ctime,
+                          atime_ns, mtime_ns, ctime_ns, a.st_mode, a.st_nlink, a.st_uid,
+                          a.st_gid, a.st_rdev, a.st_blksize, 0)
+
+
+def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes]]) -> bool:
+    """Have C answer the LOOKUPs of directory ino's names and its READDIRPLUS (names.c)
+    while nothing in it changes. listing: ".", "..", then its names sorted, with what
+    Python answers for each (its readdir's listing), read at names_clock() stamp.
+    Whether C took it."""
+    if _lib is None or any(a.entry_timeout != int(a.entry_timeout) or
+                           a.attr_timeout != int(a.attr_timeout) for _, a in listing):
+        return False
+    buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
+    return bool(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
+
+
+def names_answered() -> int:
+    """How many LOOKUPs C answered from published listings."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_names_answered").value
+
+
+def listings_answered() -> int:
+    """How many READDIRPLUS C answered from published listings."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_listings_answered").value
 
 
 def notify_inc_epoch() -> int:

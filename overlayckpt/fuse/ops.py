@@ -96,6 +96,9 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.capture = capture if capture is not None else Captures()
         overlay.store.on_deferred_stored = self._captured_later
+        if fastpath.loaded():  # every change drops the names C answers (fuse/csrc/names.c)
+            overlay.store.on_commit = fastpath.names_touch
+            overlay.lower.on_forget = fastpath.names_changed
         self.ov = overlay
         self.ctl = control
         self.callers = CallerCache()
@@ -172,6 +175,8 @@ class Operations(pyfuse3.Operations):
         def fn(r: Any) -> tuple[int, Node]:
             ino = self.ov.lookup(r, parent_inode, name)
             return ino, self.ov.node(r, ino)
+        publish = fastpath.loaded()  # (C answers what Python publishes: fuse/csrc/names.c)
+        stamp, listed = (fastpath.names_clock(), self.ov.lower.listings_made) if publish else (0, 0)
         try:
             # writes deferred (write_later) change no name: only the inode found may differ
             ino, node = self.ov.peek(fn)
@@ -184,7 +189,18 @@ class Operations(pyfuse3.Operations):
             neg.st_ino = 0
             neg.entry_timeout = CACHE_TIMEOUT
             return neg
+        if publish and self.ov.lower.listings_made != listed:
+            self._publish_names(stamp, parent_inode)
         return self._attrs(ino, node)
+
+    def _publish_names(self, stamp: int, parent: int) -> None:
+        """Have C answer the lookups of every name in parent and its listing
+        (fuse/csrc/names.c) while nothing in it changes: a lookup that had the repo's
+        directory listed is a walk's (the second name looked up in it: core/lower.py),
+        whose next lookups are its siblings. stamp: the names clock before the lookup
+        read anything."""
+        if not self.ov.store.deferred():  # (their inodes' attributes are not stored yet)
+            fastpath.publish_dir(stamp, parent, self.ov.peek(lambda r: self._list(r, parent)))
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -447,18 +463,26 @@ class Operations(pyfuse3.Operations):
         # its readdirplus wrapper passes the same marked inode.)
         return KERNEL_HANDLE | inode
 
+    def _list(self, r: Any, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+        """Directory ino's listing in state r: ".", "..", then its names."""
+        parent = self.ov.parents.get(ino, (ROOT_INO, b""))[0] if ino != ROOT_INO else ROOT_INO
+        out = [(b".", self._attrs(ino, self.ov.node(r, ino))),
+               (b"..", self._attrs(parent, self.ov.node(r, parent)))]
+        for name, child, cnode in self.ov.entries(r, ino):
+            out.append((name, self._attrs(child, cnode or self.ov.node(r, child))))
+        return out
+
     def _listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+        """ino's listing now, which C answers the next READDIRPLUS and lookups from while
+        nothing in it changes (fuse/csrc/names.c)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
-
-        def fn(r: Any) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
-            parent = self.ov.parents.get(ino, (ROOT_INO, b""))[0] if ino != ROOT_INO else ROOT_INO
-            out = [(b".", self._attrs(ino, self.ov.node(r, ino))),
-                   (b"..", self._attrs(parent, self.ov.node(r, parent)))]
-            for name, child, cnode in self.ov.entries(r, ino):
-                out.append((name, self._attrs(child, cnode or self.ov.node(r, child))))
-            return out
-        return self.ov.live(fn)
+        self.ov.store.store_deferred()  # (before the stamp: their commit moves the clock)
+        stamp = fastpath.names_clock()
+        listing = self.ov.peek(lambda r: self._list(r, ino))
+        if fastpath.loaded():
+            fastpath.publish_dir(stamp, ino, listing)
+        return listing
 
     @translate_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:

@@ -98,6 +98,10 @@ class Store:
     # called with the arrival times (defer's since) of deferred writes once committed: a
     # server that defers sets it, to time their capture (overlayckpt stats)
     on_deferred_stored: Callable[[list[int]], None] | None = None
+    # called after a commit that wrote the tree, with the inodes (8-byte keys) whose records
+    # it wrote and whether it wrote what no inode says (WriteTxn.touched): a server that
+    # lets C answer from what it read (fuse/csrc/names.c) sets it, to drop those answers
+    on_commit: Callable[[set[bytes], bool], None] | None = None
 
     def __init__(self, path: str, env: lmdb.Environment, lock_fd: int | None, *,
                  new: bool, cache_lost: bool, last: synced.Record | None) -> None:
@@ -363,6 +367,8 @@ class Store:
                 with self.env.begin(write=True, buffers=False) as txn:
                     w = WriteTxn(self, txn)
                     result = fn(w)
+                if self.on_commit is not None and (w.touched or w.touched_all):
+                    self.on_commit(w.touched or set(), w.touched_all)
                 if w.captured or w.made:
                     self._tally(w)
                 return result

@@ -17,7 +17,7 @@ import lmdb
 
 from overlayckpt.errors import FsError
 from overlayckpt.records import ZERO_BLOCK, from_u64, u64
-from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCKS, META
+from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCKS, BMAP, DIRENTS, META, NODES, PINNED, XATTRS
 
 T = TypeVar("T")
 
@@ -164,7 +164,15 @@ def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tupl
     return (whole(k, v) for k, v in items) if table == BLOCKS else items
 
 
+# the tables each key of which begins with the inode whose attributes, names or content it holds
+_BY_INODE = frozenset((NODES, DIRENTS, BMAP, XATTRS))
+
+
 class WriteTxn(ReadTxn):
+    # what this transaction wrote of the tree, for Store.on_commit: the inodes (8-byte keys)
+    # whose records it wrote, and whether it wrote what no inode says (the repo's pins)
+    touched: set[bytes] | None = None
+    touched_all = False
     # what this transaction captured and made, added to Store.tally once it commits
     captured = 0  # bytes of the blocks put_block took, zeros and duplicates too
     added = 0  # of those, the bytes of blocks new to the store
@@ -181,7 +189,16 @@ class WriteTxn(ReadTxn):
             self.delete(BLOCKS, key)  # one entry per digest, split or whole
             self._put_block(key, value)
             return
+        self._touch(table, key)
         self.txn.put(key, value, db=self.store.dbs[table], append=append)
+
+    def _touch(self, table: bytes, key: bytes) -> None:
+        if table in _BY_INODE:
+            if self.touched is None:
+                self.touched = set()
+            self.touched.add(key[:8])
+        elif table == PINNED:
+            self.touched_all = True
 
     def _put_block(self, digest: bytes, value: bytes) -> None:
         if value[:1] == RAW:
@@ -201,10 +218,12 @@ class WriteTxn(ReadTxn):
         if table == BLOCKS:
             found = self._block_entry(key)
             key = key if found is None else found[0]
+        self._touch(table, key)
         self.txn.delete(key, db=self.store.dbs[table])
 
     def pop(self, table: bytes, key: bytes) -> bytes | None:
         """Delete the entry and return its value (None: there was none); not of BLOCKS."""
+        self._touch(table, key)
         return self.txn.pop(key, db=self.store.dbs[table])
 
     def put_many(self, table: bytes, items: list[tuple[bytes, bytes]], append: bool = False) -> None:
@@ -214,6 +233,9 @@ class WriteTxn(ReadTxn):
             for key, value in items:
                 self.put(table, key, value)
             return
+        if table in _BY_INODE or table == PINNED:
+            for key, _ in items:
+                self._touch(table, key)
         self.txn.cursor(db=self.store.dbs[table]).putmulti(items, append=append)
 
     def delete_many(self, table: bytes, keys: list[bytes]) -> None:
@@ -221,12 +243,17 @@ class WriteTxn(ReadTxn):
             for key in keys:
                 self.delete(table, key)
             return
+        if table in _BY_INODE or table == PINNED:
+            for key in keys:
+                self._touch(table, key)
         delete, db = self.txn.delete, self.store.dbs[table]  # (no Python call per key of ours)
         for key in keys:
             delete(key, db=db)
 
     def clear(self, table: bytes) -> None:
         """Empty the table (it stays)."""
+        if table in _BY_INODE or table == PINNED:
+            self.touched_all = True
         self.txn.drop(self.store.dbs[table], delete=False)
 
     def put_block(self, data: bytes) -> bytes:

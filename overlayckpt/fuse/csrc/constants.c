@@ -1,8 +1,8 @@
 /* The constants Python must agree with, exported so that a test can read them
  * from the built library (tests/test_fastpath_constants.py) instead of trusting
  * comments: fuse/ops.py KERNEL_HANDLE, records.CONTROL_INO_BASE, writebehind.py's
- * HEADER and WRAPPED for the write-behind log's records, and core/latency.py's
- * histogram layout. */
+ * HEADER and WRAPPED for the write-behind log's records, core/latency.py's
+ * histogram layout, and what fastpath.py packs for names.c. */
 #include "fastpath.h"
 
 const uint64_t fastpath_KERNEL_HANDLE = KERNEL_HANDLE;
@@ -22,3 +22,6 @@ const uint32_t fastpath_HIST_SUB_BITS = HIST_SUB_BITS;
 const uint32_t fastpath_HIST_BUCKETS = HIST_BUCKETS;
 const uint32_t fastpath_HIST_SIZE = sizeof(struct hist);
 const uint32_t fastpath_STATS_KINDS = STATS_KINDS;
+
+/* names.c: struct fuse_entry_out, as Python packs it */
+const uint32_t fastpath_ENTRY_OUT_SIZE = sizeof(struct fuse_entry_out);

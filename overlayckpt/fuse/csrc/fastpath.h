@@ -27,6 +27,9 @@
  * - warm.c: fastpath_warm_tree, reading the repo's metadata ahead.
  * - dirattrs.c: directory attributes Python publishes after a change, and the
  *   GETATTRs of them that follow, answered by the reader thread.
+ * - names.c: the listings of directories Python publishes as it lists them, and the
+ *   LOOKUPs and READDIRPLUS of them that follow, answered by the reader thread while
+ *   nothing in them changes.
  * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
  *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
  *   stats).
@@ -161,6 +164,11 @@ void warm_stop_all(void);
 /* dirattrs.c */
 int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 void dir_attrs_taking(const char *mem, size_t len);
+
+/* names.c */
+void names_arriving(const char *mem, size_t len);
+int names_answer(struct fuse_session *se, const char *mem, size_t len);
+int listing_answer(struct fuse_session *se, const char *mem, size_t len);
 
 #pragma GCC visibility pop
 

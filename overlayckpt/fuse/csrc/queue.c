@@ -1,8 +1,8 @@
 /* The reader thread and the queue pyfuse3 reads from.
  *
  * Once fuse_session_fd is asked for the wrapped session's fd, a thread reads
- * /dev/fuse, answers what fastpath.c says C answers and the GETATTRs dirattrs.c
- * holds the answer to, acknowledges what behind.c
+ * /dev/fuse, answers what fastpath.c says C answers, the LOOKUPs names.c and the
+ * GETATTRs dirattrs.c hold the answer to, acknowledges what behind.c
  * may (and queues it all the same), and queues every other request, in order;
  * pyfuse3 is given the read end of a pipe that holds a byte per queued request,
  * and takes them through fuse_session_receive_buf.
@@ -113,7 +113,9 @@ static void *read_requests(void *arg)
             push(res, NULL, 0);
             break;
         }
-        if (dir_attrs_answer(se, buf.mem, (size_t)res))
+        names_arriving(buf.mem, (size_t)res);  /* (before a write is acknowledged) */
+        if (names_answer(se, buf.mem, (size_t)res) || listing_answer(se, buf.mem, (size_t)res) ||
+            dir_attrs_answer(se, buf.mem, (size_t)res))
             continue;
         if (request_is_fast(buf.mem, (size_t)res))
             real_process(se, &buf);

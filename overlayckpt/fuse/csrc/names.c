@@ -1,0 +1,375 @@
+/* Directories answered in C: the LOOKUPs and READDIRPLUS of directories Python has
+ * listed already.
+ *
+ * A walk (git status's lstat of every indexed file and its scan for untracked ones,
+ * a cold tar, find, the names a restore made the kernel forget) asks a LOOKUP per
+ * name and a READDIRPLUS per directory, and each one through pyfuse3's loop costs
+ * ~40 us of round trip around the Python. When Python lists a directory (to answer
+ * a READDIRPLUS, or a lookup in it: lower.py lists a directory at its second name),
+ * it publishes the listing here: ".", "..", then every name in its order (sorted),
+ * each with what Python answers for it. The reader thread answers from it the
+ * lookups of those names, and a READDIRPLUS from offset 0; it carries on from an
+ * offset it handed out whatever changed since (its listing's number is in the
+ * offset): a listing read on is a snapshot, as Python's own are (fuse/ops.py
+ * readdir). An offset of Python's, or of a listing replaced since, goes to Python,
+ * which starts its own listing again at that index.
+ *
+ * What keeps them exact: a clock, and the time each inode last changed. Every change
+ * moves the clock and stamps the inodes it changes: the reader thread as a request
+ * that may change anything arrives (the inodes it names: a new name's directory, the
+ * file written; before C acknowledges a write, behind.c), and Python as it commits
+ * a transaction, with every inode whose records the transaction wrote
+ * (Store.on_commit). What no inode says (a request of an unknown kind, the repo's
+ * cached answers dropped by apply) stamps them all. Python reads the clock before it
+ * reads the state it publishes from; a name is answered only while neither its
+ * directory nor its inode has changed since, a listing while neither the directory
+ * nor any of its names has. The stamps are kept by hash of the inode in
+ * a fixed table: inodes that share a slot drop each other's answers, never keep them.
+ * The reader answers under the lock the stamps move under, so an answer is on its way
+ * to the kernel before a change's commit returns, as in dirattrs.c.
+ */
+#include "fastpath.h"
+
+#define LISTING_SLOTS (1u << 15)           /* by hash of directory inode; a collision replaces */
+#define LISTINGS_MAX_BYTES (32u << 20)     /* beyond it they all go, and come back as read */
+#define LISTING_MARK (1ULL << 63)          /* in an offset: C's; Python's numbers are below 2^31 */
+#define TOUCH_SLOTS (1u << 16)
+
+struct listing {
+    uint64_t dir;
+    uint64_t stamp;    /* the clock when Python began to read it */
+    uint64_t number;   /* 31 bits, in the offsets C hands out */
+    uint32_t count;    /* entries: ".", "..", then the names, sorted */
+    size_t size;
+    uint32_t *starts;  /* each entry's record in buf; starts[count] == size */
+    char buf[];        /* struct fuse_direntplus records, their offsets filled in */
+};
+
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t names_clock = 1;       /* moved under names_lock, read atomically */
+static uint64_t changed_all;           /* the clock when everything last changed */
+static uint64_t touched[TOUCH_SLOTS];  /* by hash of inode: the clock when it last changed */
+static struct listing *listings[LISTING_SLOTS];
+static size_t listings_bytes;
+static uint64_t listings_made;
+uint64_t fastpath_names_answered, fastpath_listings_answered;
+
+static inline uint64_t *touch_slot(uint64_t ino)
+{
+    return &touched[(ino * 0x9E3779B97F4A7C15ULL) >> 48];
+}
+
+/* With names_lock held: whether nothing of ino changed after stamp. */
+static inline int unchanged(uint64_t ino, uint64_t stamp)
+{
+    return stamp >= changed_all && *touch_slot(ino) <= stamp;
+}
+
+static inline struct listing **listing_slot(uint64_t dir)
+{
+    return &listings[(dir * 0x9E3779B97F4A7C15ULL) >> (64 - 15)];
+}
+
+static inline struct fuse_direntplus *entry(const struct listing *l, uint32_t i)
+{
+    return (struct fuse_direntplus *)(l->buf + l->starts[i]);
+}
+
+/* Python: the clock to stamp what it is about to read with. */
+uint64_t fastpath_names_clock(void) { return __atomic_load_n(&names_clock, __ATOMIC_ACQUIRE); }
+
+/* Everything changed: every listing published so far is stale. */
+void fastpath_names_changed(void)
+{
+    pthread_mutex_lock(&names_lock);
+    changed_all = __atomic_add_fetch(&names_clock, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&names_lock);
+}
+
+/* These inodes changed (Python, after a commit: the inodes whose records it wrote). */
+void fastpath_names_touch(const uint64_t *inos, size_t count)
+{
+    uint64_t now;
+
+    pthread_mutex_lock(&names_lock);
+    now = __atomic_add_fetch(&names_clock, 1, __ATOMIC_ACQ_REL);
+    for (size_t i = 0; i < count; i++)
+        *touch_slot(inos[i]) = now;
+    pthread_mutex_unlock(&names_lock);
+}
+
+static void touch_two(uint64_t a, uint64_t b)
+{
+    uint64_t inos[2] = {a, b};
+
+    fastpath_names_touch(inos, b ? 2 : 1);
+}
+
+/* The reader thread, as each request arrives: stamp what it may change (the inodes it
+ * names; all of them for a request of a kind not known here). */
+void names_arriving(const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    const char *arg = mem + sizeof(*in);
+    size_t arglen = len - sizeof(*in);
+
+    if (len < sizeof(*in)) {
+        fastpath_names_changed();
+        return;
+    }
+    switch (in->opcode) {
+    case FUSE_LOOKUP: case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_GETATTR:
+    case FUSE_READLINK: case FUSE_READ: case FUSE_STATFS: case FUSE_RELEASE:
+    case FUSE_FSYNC: case FUSE_GETXATTR: case FUSE_LISTXATTR: case FUSE_FLUSH:
+    case FUSE_OPENDIR: case FUSE_READDIR: case FUSE_READDIRPLUS: case FUSE_RELEASEDIR:
+    case FUSE_FSYNCDIR: case FUSE_ACCESS: case FUSE_INTERRUPT: case FUSE_POLL:
+    case FUSE_LSEEK: case FUSE_IOCTL: case FUSE_SYNCFS: case FUSE_GETLK: case FUSE_SETLK:
+    case FUSE_SETLKW: case FUSE_BMAP: case FUSE_NOTIFY_REPLY:
+        return;  /* they change nothing (no atime is kept; what a sync stores, it commits) */
+    case FUSE_OPEN:  /* but a truncating one */
+        if (arglen >= sizeof(struct fuse_open_in) &&
+            !(((const struct fuse_open_in *)arg)->flags & O_TRUNC))
+            return;
+        touch_two(in->nodeid, 0);
+        return;
+    /* the directory of a new or removed name, the file changed */
+    case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK: case FUSE_UNLINK:
+    case FUSE_RMDIR: case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR:
+    case FUSE_REMOVEXATTR: case FUSE_FALLOCATE:
+        touch_two(in->nodeid, 0);
+        return;
+    case FUSE_RENAME:
+        if (arglen >= sizeof(struct fuse_rename_in)) {
+            touch_two(in->nodeid, ((const struct fuse_rename_in *)arg)->newdir);
+            return;
+        }
+        break;
+    case FUSE_RENAME2:
+        if (arglen >= sizeof(struct fuse_rename2_in)) {
+            touch_two(in->nodeid, ((const struct fuse_rename2_in *)arg)->newdir);
+            return;
+        }
+        break;
+    case FUSE_LINK:
+        if (arglen >= sizeof(struct fuse_link_in)) {
+            touch_two(in->nodeid, ((const struct fuse_link_in *)arg)->oldnodeid);
+            return;
+        }
+        break;
+    case FUSE_COPY_FILE_RANGE:
+        if (arglen >= sizeof(struct fuse_copy_file_range_in)) {
+            touch_two(in->nodeid, ((const struct fuse_copy_file_range_in *)arg)->nodeid_out);
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+    fastpath_names_changed();
+}
+
+static void listing_free(struct listing **slot)
+{
+    if (*slot != NULL) {
+        listings_bytes -= (*slot)->size + ((*slot)->count + 1) * sizeof(uint32_t);
+        free((*slot)->starts);
+        free(*slot);
+        *slot = NULL;
+    }
+}
+
+/* Python: directory dir's listing (".", "..", then its names, sorted) read at clock
+ * stamp, each entry as u32 name length, the name, struct fuse_entry_out (fastpath.py
+ * packs them). 1 if taken. */
+int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size)
+{
+    size_t at = 0, size = 0;
+    uint32_t count = 0, len;
+    struct listing *l;
+
+    if (dir == 0 || dir >= cache_below)
+        return 0;
+    while (at < in_size) {  /* check it, and the size of the records it makes */
+        if (at + 4 > in_size)
+            return 0;
+        memcpy(&len, in + at, 4);
+        if (len == 0 || len > 255 || at + 4 + len + sizeof(struct fuse_entry_out) > in_size)
+            return 0;
+        size += FUSE_DIRENTPLUS_SIZE(&(struct fuse_direntplus){.dirent = {.namelen = len}});
+        at += 4 + len + sizeof(struct fuse_entry_out);
+        count++;
+    }
+    if (count < 2 || size > LISTINGS_MAX_BYTES / 4)
+        return 0;
+    l = malloc(sizeof(*l) + size);
+    if (l == NULL)
+        return 0;
+    l->starts = malloc((count + 1) * sizeof(uint32_t));
+    if (l->starts == NULL) {
+        free(l);
+        return 0;
+    }
+    l->dir = dir;
+    l->stamp = stamp;
+    l->count = count;
+    l->size = size;
+    at = size = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        struct fuse_direntplus *d = (void *)(l->buf + size);
+        size_t rec;
+
+        memcpy(&len, in + at, 4);
+        memcpy(&d->entry_out, in + at + 4 + len, sizeof(d->entry_out));
+        d->dirent.ino = d->entry_out.attr.ino;
+        d->dirent.namelen = len;
+        d->dirent.type = (d->entry_out.attr.mode & S_IFMT) >> 12;
+        memcpy(d->dirent.name, in + at + 4, len);
+        rec = FUSE_DIRENTPLUS_SIZE(d);
+        memset(d->dirent.name + len, 0, rec - offsetof(struct fuse_direntplus, dirent.name) - len);
+        l->starts[i] = (uint32_t)size;
+        size += rec;
+        at += 4 + len + sizeof(d->entry_out);
+    }
+    l->starts[count] = (uint32_t)size;
+    pthread_mutex_lock(&names_lock);
+    if (stamp < changed_all) {
+        pthread_mutex_unlock(&names_lock);
+        free(l->starts);
+        free(l);
+        return 0;
+    }
+    l->number = ++listings_made & 0x7fffffff;
+    for (uint32_t i = 0; i < count; i++)
+        entry(l, i)->dirent.off = LISTING_MARK | (l->number << 32) | (i + 1);
+    listing_free(listing_slot(dir));
+    if (listings_bytes + size > LISTINGS_MAX_BYTES)
+        for (uint32_t i = 0; i < LISTING_SLOTS; i++)
+            listing_free(&listings[i]);
+    *listing_slot(dir) = l;
+    listings_bytes += size + (count + 1) * sizeof(uint32_t);
+    pthread_mutex_unlock(&names_lock);
+    return 1;
+}
+
+/* With names_lock held: dir's listing, if one is published. */
+static struct listing *listing_of(uint64_t dir)
+{
+    struct listing *l = *listing_slot(dir);
+
+    return l != NULL && l->dir == dir ? l : NULL;
+}
+
+/* With names_lock held: the entry of l named name (its names, after "." and "..", are
+ * sorted as memcmp sorts), or NULL. */
+static struct fuse_direntplus *find(const struct listing *l, const char *name, size_t len)
+{
+    uint32_t lo = 2, hi = l->count;
+
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        struct fuse_direntplus *d = entry(l, mid);
+        size_t n = d->dirent.namelen < len ? d->dirent.namelen : len;
+        int c = memcmp(d->dirent.name, name, n);
+
+        if (c == 0)
+            c = d->dirent.namelen < len ? -1 : d->dirent.namelen > len;
+        if (c == 0)
+            return d;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void reply(struct fuse_session *se, uint64_t unique, const void *data, size_t size)
+{
+    struct fuse_out_header head = {.len = (uint32_t)(sizeof(head) + size), .error = 0,
+                                   .unique = unique};
+    struct iovec iov[2] = {{&head, sizeof(head)}, {(void *)data, size}};
+
+    /* an error means the kernel gave the request up (interrupted): nothing to do */
+    (void)!writev(real_fd(se), iov, 2);
+}
+
+/* The reader thread: answer a LOOKUP of a name in a published listing; 0 if it cannot
+ * (a name it lacks goes to Python too: the listing may be older than the name). */
+int names_answer(struct fuse_session *se, const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    const char *name = mem + sizeof(*in);
+    size_t nlen = len > sizeof(*in) ? len - sizeof(*in) : 0;
+    struct listing *l;
+    struct fuse_direntplus *d;
+    int answered = 0;
+
+    if (in->opcode != FUSE_LOOKUP || listings_made == 0 || nlen < 2 || name[nlen - 1] != '\0' ||
+        in->nodeid >= cache_below)
+        return 0;
+    nlen = strnlen(name, nlen);
+    pthread_mutex_lock(&names_lock);
+    l = listing_of(in->nodeid);
+    if (l != NULL && unchanged(l->dir, l->stamp) && (d = find(l, name, nlen)) != NULL &&
+        unchanged(d->dirent.ino, l->stamp)) {
+        reply(se, in->unique, &d->entry_out, sizeof(d->entry_out));
+        fastpath_names_answered++;
+        answered = 1;
+    }
+    pthread_mutex_unlock(&names_lock);
+    return answered;
+}
+
+/* With names_lock held: whether nothing in l changed since it was published: the
+ * directory (".", which a new or removed name changes) and every name. Not "..": the
+ * kernel takes no attributes from a listing's "." and "..", and the inode ".." names
+ * changes only with a move of the directory, which changes the directory. */
+static int listing_unchanged(const struct listing *l)
+{
+    if (!unchanged(l->dir, l->stamp))
+        return 0;
+    for (uint32_t i = 2; i < l->count; i++)
+        if (!unchanged(entry(l, i)->dirent.ino, l->stamp))
+            return 0;
+    return 1;
+}
+
+/* The reader thread: answer a READDIRPLUS from a published listing; 0 if it cannot. */
+int listing_answer(struct fuse_session *se, const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    const struct fuse_read_in *arg = (const void *)(mem + sizeof(*in));
+    struct listing *l;
+    uint64_t off;
+    uint32_t from, to;
+    int answered = 0;
+
+    if (in->opcode != FUSE_READDIRPLUS || len < sizeof(*in) + sizeof(*arg) ||
+        in->nodeid >= cache_below || listings_made == 0)
+        return 0;
+    off = arg->offset;
+    pthread_mutex_lock(&names_lock);
+    l = listing_of(in->nodeid);
+    if (l == NULL)
+        goto out;
+    if (off == 0) {
+        if (!listing_unchanged(l))
+            goto out;
+        from = 0;
+    } else if ((off & LISTING_MARK) && ((off >> 32) & 0x7fffffff) == l->number &&
+               (off & 0xffffffff) <= l->count) {
+        from = (uint32_t)(off & 0xffffffff);
+    } else {
+        goto out;
+    }
+    for (to = from; to < l->count && l->starts[to + 1] - l->starts[from] <= arg->size; to++)
+        ;
+    if (to == from && from < l->count)
+        goto out;  /* (a buffer too small for one entry: Python's to answer) */
+    reply(se, in->unique, l->buf + l->starts[from], l->starts[to] - l->starts[from]);
+    fastpath_listings_answered++;
+    answered = 1;
+out:
+    pthread_mutex_unlock(&names_lock);
+    return answered;
+}

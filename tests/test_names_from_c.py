@@ -1,0 +1,239 @@
+"""Lookups and listings answered in C (fuse/csrc/names.c) are Python's answers, and no
+change leaves one stale.
+
+Python publishes a directory's listing to C as it lists it; C then answers the LOOKUPs
+of its names and its READDIRPLUS until something in it changes. Each step below changes
+the tree, on the mount and on a native copy alike (restores included, mirrored with
+copies of the native tree), then has the kernel forget every name and walks the mount
+twice: by path, a LOOKUP per name as git status does, and by listing, READDIRPLUS as
+find does. Names, types, modes, sizes, link counts and symlink targets must be the
+native copy's, and every attribute the kernel got must be what Python answers now
+(statx forcing a GETATTR). Forgetting names needs root (drop_caches).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import Mount
+from test_dir_attrs import attrs, synced
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="forgetting the kernel's names needs root")
+
+
+def forget_names(sync: bool = True) -> None:
+    """Have the kernel drop every dentry and inode it can (ours included). Without sync,
+    writes C acknowledged may not be stored yet."""
+    if sync:
+        os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as out:
+        out.write(data)
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """A copy keeping hard links (shutil.copytree makes each name a file of its own)."""
+    subprocess.run(["cp", "-a", str(src), str(dest)], check=True)
+
+
+def counters(m: Mount) -> tuple[int, int]:
+    s = m.ctl_ok({"cmd": "status"})
+    return s["names_from_c"], s["listings_from_c"]
+
+
+def shape(path: Path) -> tuple:
+    """What must match between the mount and a native directory."""
+    st = os.lstat(path)
+    target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+    size = st.st_size if not stat.S_ISDIR(st.st_mode) else None  # (directory sizes differ)
+    return st.st_mode, size, st.st_nlink if not stat.S_ISDIR(st.st_mode) else None, target
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = shape(p)
+    return out
+
+
+def walk_by_path(m: Mount, native: Path) -> None:
+    """lstat every native path on the mount, names forgotten first (writes perhaps not
+    stored yet): LOOKUPs only."""
+    forget_names(sync=False)
+    for rel, want in tree(native).items():
+        p = m.mnt / rel
+        assert shape(p) == want, rel
+        assert attrs(p) == synced(p), f"{rel}: the lookup's attributes are not Python's"
+    for rel in ("no-such-name", "src/no-such-name"):
+        assert not (m.mnt / rel).exists()
+
+
+def walk_by_listing(m: Mount, native: Path) -> None:
+    """Walk the mount by listing, names forgotten first: READDIRPLUS, then lookups of
+    what the kernel got from it."""
+    forget_names()
+    seen = {}
+    for dirpath, dirnames, filenames in os.walk(m.mnt):  # (.overlayckpt is never listed)
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(m.mnt))
+            seen[rel] = shape(p)
+            assert attrs(p) == synced(p), f"{rel}: the listing's attributes are not Python's"
+    assert seen == tree(native)
+
+
+class Twins:
+    """The same change on the mount and on the native copy."""
+
+    def __init__(self, m: Mount, native: Path, rng: random.Random) -> None:
+        self.m, self.native, self.rng = m, native, rng
+        self.saved: dict[int, Path] = {}  # checkpoint id -> a copy of the native tree then
+        self.n = 0
+
+    def both(self, fn: Callable[[Path], object]) -> None:
+        fn(self.native)
+        fn(self.m.mnt)
+
+    def files(self) -> list[str]:
+        return sorted(k for k, v in tree(self.native).items() if stat.S_ISREG(v[0]))
+
+    def dirs(self) -> list[str]:
+        return [""] + sorted(k for k, v in tree(self.native).items() if stat.S_ISDIR(v[0]))
+
+    def new_name(self) -> str:
+        self.n += 1
+        return f"n{self.n}"
+
+    def step(self) -> str:
+        rng, files, dirs = self.rng, self.files(), self.dirs()
+        f = rng.choice(files) if files else ""
+        d = rng.choice(dirs)
+        new = os.path.join(d, self.new_name())
+        kind = rng.choice(["create", "append", "truncate", "chmod", "rename", "move", "unlink",
+                           "mkdir", "rmdir", "symlink", "link", "utime", "rename dir",
+                           "checkpoint", "restore"])
+        if not f and kind in ("append", "truncate", "chmod", "rename", "move", "unlink",
+                                  "symlink", "link", "utime"):
+            kind = "create"
+        if kind == "create":
+            data = b"x" * rng.randrange(0, 9000)
+            self.both(lambda r: (r / new).write_bytes(data))
+        elif kind == "append":
+            data = b"y" * rng.randrange(1, 5000)
+            self.both(lambda r: append(r / f, data))
+        elif kind == "truncate":
+            size = rng.randrange(0, 3)
+            self.both(lambda r: os.truncate(r / f, size))
+        elif kind == "chmod":
+            mode = rng.choice([0o600, 0o644, 0o755, 0o700])
+            self.both(lambda r: os.chmod(r / f, mode))
+        elif kind in ("rename", "move"):
+            to = os.path.join(os.path.dirname(f) if kind == "rename" else d, self.new_name())
+            self.both(lambda r: os.rename(r / f, r / to))
+        elif kind == "unlink":
+            self.both(lambda r: os.unlink(r / f))
+        elif kind == "mkdir":
+            self.both(lambda r: os.mkdir(r / new))
+        elif kind == "rmdir":
+            empty = [x for x in dirs[1:] if not os.listdir(self.native / x)]
+            if not empty:
+                return "rmdir (none empty)"
+            f = empty[0]
+            self.both(lambda r: os.rmdir(r / empty[0]))
+        elif kind == "symlink":
+            self.both(lambda r: os.symlink(os.path.basename(f), r / new))
+        elif kind == "link":
+            self.both(lambda r: os.link(r / f, r / new))
+        elif kind == "utime":
+            t = rng.randrange(10**9, 2 * 10**9) * 10**9
+            self.both(lambda r: os.utime(r / f, ns=(t, t)))
+        elif kind == "rename dir":
+            if len(dirs) < 2:
+                return "rename dir (none)"
+            src = rng.choice(dirs[1:])
+            to = os.path.join(os.path.dirname(src), self.new_name())
+            self.both(lambda r: os.rename(r / src, r / to))
+        elif kind == "checkpoint":
+            ck = self.m.ctl_ok({"cmd": "checkpoint", "name": self.new_name()})["id"]
+            copy = self.native.parent / f"native-at-{ck}"
+            copy_tree(self.native, copy)
+            self.saved[ck] = copy
+        elif kind == "restore":
+            if not self.saved:
+                return "restore (no checkpoint)"
+            ck = rng.choice(sorted(self.saved))
+            self.m.ctl_ok({"cmd": "restore", "id": ck})
+            shutil.rmtree(self.native)
+            copy_tree(self.saved[ck], self.native)
+        return f"{kind} {f} {d} {new}"
+
+
+def test_published_names_answer_as_python_does(mounted: Mount) -> None:
+    """After a listing, C answers the lookups of its names, as Python would."""
+    m = mounted
+    names = [f"f{i:03d}.txt" for i in range(60)]
+    (m.mnt / "many").mkdir()
+    for name in names:
+        (m.mnt / "many" / name).write_text(name)
+    os.listdir(m.mnt / "many")  # (Python lists it: READDIRPLUS, published)
+    forget_names()
+    names_before, listings_before = counters(m)
+    got = {name: attrs(m.mnt / "many" / name) for name in names}
+    names_after, _ = counters(m)
+    assert names_after - names_before >= len(names) - 2  # (the first lookups may be Python's)
+    for name in names:
+        assert got[name] == synced(m.mnt / "many" / name), name
+    forget_names()
+    assert sorted(os.listdir(m.mnt / "many")) == names
+    assert counters(m)[1] > listings_before
+
+
+def test_a_write_acknowledged_in_c_is_seen_at_once(mounted: Mount) -> None:
+    """A write C acknowledged before Python stored it: a lookup right after it (the
+    kernel having forgotten the name) shows the new size, never the published one."""
+    m = mounted
+    d = m.mnt / "src"
+    files = sorted(os.listdir(d))  # (published)
+    sizes = {name: os.lstat(d / name).st_size for name in files}
+    for i in range(40):
+        name = files[i % len(files)]
+        if not os.path.isfile(d / name):
+            continue
+        append(d / name, b"z" * (i + 1))
+        sizes[name] += i + 1
+        forget_names(sync=False)
+        assert os.lstat(d / name).st_size == sizes[name], (i, name)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_change_leaves_an_answer_stale(mounted: Mount, tmp_path: Path, seed: int) -> None:
+    m = mounted
+    native = tmp_path / "native"
+    copy_tree(m.repo, native)
+    twins = Twins(m, native, random.Random(seed))
+    walk_by_listing(m, native)  # (publishes every directory)
+    before = counters(m)
+    done = []
+    for i in range(60):
+        done.append(twins.step())
+        if i % 4 == 3:
+            walk = walk_by_path if i % 8 == 3 else walk_by_listing
+            try:
+                walk(m, native)
+            except AssertionError as e:
+                raise AssertionError(f"after {done}: {e}") from None
+    after = counters(m)
+    assert after[0] > before[0] and after[1] > before[1], "C answered no lookup or listing"
