@@ -65,9 +65,11 @@ def test_an_opencode_session_is_one_checkpoint_per_changing_call(opencode: Path,
         "model": "scripted/x", "autoupdate": False, "share": "disabled"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENCODE_", "XDG_"))}
     # opencode's shell tool starts in $PWD, not in its own working directory; it installs
-    # its plugin SDK from npm on start, which it does without when the registry is away
+    # its plugin SDK from npm on start, which it does without when the registry is away.
+    # Without retries: npm's default two (10 s, then 60 s apart) held its start for 70 s.
     env.update(HOME=str(home), PWD=str(m.mnt), OPENCODE_CONFIG=str(config), OPENCODE_DISABLE_MODELS_FETCH="1",
-               OPENCODE_DISABLE_AUTOUPDATE="1", npm_config_registry="http://127.0.0.1:9/")
+               OPENCODE_DISABLE_AUTOUPDATE="1", npm_config_registry="http://127.0.0.1:9/",
+               npm_config_fetch_retries="0")
     env.pop("OVERLAYCKPT_MOUNT", None)
     run_cli("install-hooks", "opencode", env=env)
     plugin = home / ".config" / "opencode" / "plugins" / "overlayckpt.js"
