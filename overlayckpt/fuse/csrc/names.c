@@ -111,7 +111,7 @@ void names_arriving(const char *mem, size_t len)
 {
     const struct fuse_in_header *in = (const void *)mem;
     const char *arg = mem + sizeof(*in);
-    size_t arglen = len - sizeof(*in);
+    size_t arglen = len - sizeof(*in), second = 0, need = 0;
 
     if (len < sizeof(*in)) {
         fastpath_names_changed();
@@ -138,32 +138,29 @@ void names_arriving(const char *mem, size_t len)
     case FUSE_REMOVEXATTR: case FUSE_FALLOCATE:
         touch_two(in->nodeid, 0);
         return;
+    /* and the inode in the argument: where a rename moves to, the file a link names */
     case FUSE_RENAME:
-        if (arglen >= sizeof(struct fuse_rename_in)) {
-            touch_two(in->nodeid, ((const struct fuse_rename_in *)arg)->newdir);
-            return;
-        }
+        second = offsetof(struct fuse_rename_in, newdir), need = sizeof(struct fuse_rename_in);
         break;
     case FUSE_RENAME2:
-        if (arglen >= sizeof(struct fuse_rename2_in)) {
-            touch_two(in->nodeid, ((const struct fuse_rename2_in *)arg)->newdir);
-            return;
-        }
+        second = offsetof(struct fuse_rename2_in, newdir), need = sizeof(struct fuse_rename2_in);
         break;
     case FUSE_LINK:
-        if (arglen >= sizeof(struct fuse_link_in)) {
-            touch_two(in->nodeid, ((const struct fuse_link_in *)arg)->oldnodeid);
-            return;
-        }
+        second = offsetof(struct fuse_link_in, oldnodeid), need = sizeof(struct fuse_link_in);
         break;
     case FUSE_COPY_FILE_RANGE:
-        if (arglen >= sizeof(struct fuse_copy_file_range_in)) {
-            touch_two(in->nodeid, ((const struct fuse_copy_file_range_in *)arg)->nodeid_out);
-            return;
-        }
+        second = offsetof(struct fuse_copy_file_range_in, nodeid_out);
+        need = sizeof(struct fuse_copy_file_range_in);
         break;
     default:
         break;
+    }
+    if (need && arglen >= need) {
+        uint64_t other;
+
+        memcpy(&other, arg + second, sizeof(other));
+        touch_two(in->nodeid, other);
+        return;
     }
     fastpath_names_changed();
 }
