@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from overlayckpt.core import history
-from overlayckpt.core.journal import records
-from overlayckpt.records import FIRST_UPPER_KEY, TABLE_NAMES, from_u64, u64
+from overlayckpt.core.journal import next_seq, records
+from overlayckpt.records import FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, from_u64, u64
 from overlayckpt.store.txn import ReadTxn
-from overlayckpt.tables import DIRENTS, NODES
+from overlayckpt.tables import BMAP, CKPTS, DIRENTS, META, NODES, RESTORED_KEY, RESTORED_LEFT_MOST, XATTRS
 
 TABLE_CODES = history.TABLE_CODES
 
@@ -73,13 +73,16 @@ def _left_alone(key: bytes, unborn: set[bytes]) -> bool:
     return key[:8] in unborn
 
 
-def unborn_left(rows: Rows) -> Rows:
+def unborn_left(rows: Rows, left: set[bytes] | None = None) -> Rows:
     """rows without those of the overlay inodes that did not exist at the target, which
     the restore leaves as they are (_left_alone): no name of the tree it puts back leads
     to them (each of its directories gets its entries then), so writing the entries of
     the names that led there is enough. A subtree created since the target goes with its
-    one name, and comes back with it (restore @before-last) the same way."""
+    one name, and comes back with it (restore @before-last) the same way. left: gets the
+    inodes (8-byte keys) left."""
     unborn = {key for (table, key), (value, _, _) in rows.items() if _unborn(table, key, value)}
+    if left is not None:
+        left |= unborn
     if not unborn:
         return rows
     return {(table, key): row for (table, key), row in rows.items()
@@ -122,14 +125,15 @@ class _NamesNow:
         return out
 
 
-def rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
+def rows_since(r: ReadTxn, seq: int, next_ino: int = 0, left: set[bytes] | None = None) -> Rows:
     """The rows of a restore of the whole tree to seq: the keys whose value then differs
     from now, less those unborn_left leaves out: an inode numbered from next_ino on (the
     counter then; 0: unknown) did not exist then, so its keys are not even read, and a key
     born since seq was absent then, known without reading its versions. Pages the host
-    paged out are brought in by several threads first (history.warm_up)."""
+    paged out are brought in by several threads first (history.warm_up). left: gets the
+    inodes (8-byte keys) whose keys the restore leaves as they are."""
     history.warm_changed(r, seq)
-    found = history.newest_since(r, seq, next_ino)
+    found = history.newest_since(r, seq, next_ino, left)
     history.warm_up(r, found, seq)
     node_code, get, at, names = TABLE_CODES[NODES], r.get, u64(seq), TABLE_NAMES
     dirents_code, names_now = TABLE_CODES[DIRENTS], _NamesNow(r)
@@ -150,7 +154,64 @@ def rows_since(r: ReadTxn, seq: int, next_ino: int = 0) -> Rows:
             rows[(table, key)] = (value, current, k[:8] + born)
     if unborn:  # (their other keys were read in vain: few, but for an old store's restores)
         rows = {tk: row for tk, row in rows.items() if not _left_alone(tk[1], unborn)}
+    if left is not None:
+        left |= unborn
     return rows
+
+
+# A restore near the last whole restore's target reads the journal records between the two
+# (and those since) when they are at most SCAN_RECORDS; a whole restore that leaves more than
+# RESTORED_LEFT_MOST inodes as they are leaves nothing for the next to start from.
+
+
+def restored_mark(restore_id: int, left: set[bytes] | None) -> bytes | None:
+    """META restored for a whole restore (its checkpoint) that left these inodes as they
+    are (8-byte keys; None: not known); None: no mark."""
+    if left is None or len(left) > RESTORED_LEFT_MOST:
+        return None
+    return u64(restore_id) + b"".join(sorted(left))
+
+
+def _checkpoint(r: ReadTxn, cid: int) -> Checkpoint | None:
+    raw = r.get(CKPTS, u64(cid))
+    return None if raw is None else Checkpoint.unpack(cid, raw)
+
+
+def rows_near(r: ReadTxn, target: Checkpoint, left: set[bytes]) -> Rows | None:
+    """rows_since's rows (and what it would leave, into left), from the journal records
+    near the last whole restore instead of the index, which holds every key changed since
+    target, those changed and restored back since included; None where that would not be
+    cheaper or cannot be known.
+
+    After a whole restore to X (META restored: its checkpoint, and the inodes it left as
+    they are), every key has its value at X but for the keys of those inodes and of the
+    records journaled since. So a key whose value now differs from its value at target is
+    one of: a key of the records between X and target, of the records since the restore,
+    or of an inode that restore left."""
+    mark = r.get(META, RESTORED_KEY)
+    done = None if mark is None else _checkpoint(r, from_u64(mark[:8]))
+    x = None if done is None or done.restored_from is None else _checkpoint(r, done.restored_from)
+    if mark is None or done is None or done.kind != "restore" or x is None or not target.next_ino:
+        return None
+    lo, hi = sorted((x.seq, target.seq))
+    now = next_seq(r)
+    if (hi - lo) + (now - done.seq) > SCAN_RECORDS:
+        return None
+    keys: set[tuple[bytes, bytes]] = set()
+    for rec in records(r, lo, hi) + records(r, done.seq, now):
+        keys.update((TABLE_NAMES[code], key) for code, key, _ in rec.undo)
+    for at in range(8, len(mark), 8):  # the inodes that restore left
+        for table in (NODES, DIRENTS, BMAP, XATTRS):
+            keys.update((table, key) for key, _ in r.prefix(table, mark[at:at + 8]))
+    then, limit, rows = history.AtCheckpoint(r, target.seq), u64(target.next_ino), {}
+    for table, key in keys:
+        if key >= FIRST_UPPER_KEY and key[:8] >= limit:  # (an inode target had not made:
+            left.add(key[:8])                          # rows_since reads none of its keys)
+            continue
+        value, current = then.get(table, key), r.get(table, key)
+        if value != current:
+            rows[(table, key)] = (value, current, history.newest(r, TABLE_CODES[table], key))
+    return unborn_left(rows, left)
 
 
 def index_order(row: tuple[tuple[bytes, bytes], Any]) -> tuple[int, bytes]:

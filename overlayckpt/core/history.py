@@ -261,18 +261,27 @@ def _entries(r: ReadTxn, layer: bytes, seq: int) -> Iterator[tuple[bytes, bytes]
     return takewhile(lambda e: e[0][:1] == _LOWER, entries)
 
 
-def newest_since(r: ReadTxn, seq: int, below: int = 0) -> list[tuple[bytes, bytes]]:
+def newest_since(r: ReadTxn, seq: int, below: int = 0,
+                 left_out: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
     """The CHANGED entries (seq of the newest version + vkey, born) of every key changed at
     or after seq, but for the keys of the inodes numbered from below on (0: none left out).
     Every key begins with its inode, so those are left out by a byte compare, before the
     entry is sliced; entries stay as stored (a restore across 200,000 keys parses each
-    once: code k[8], key k[9:-1], token k[:8] + born)."""
+    once: code k[8], key k[9:-1], token k[:8] + born). left_out: gets the inodes (8-byte
+    keys) left out."""
     out = [(k[1:], v) for k, v in _entries(r, _LOWER, seq)]  # (few: repo files' keys)
     if not below:
         out += [(k[1:], v) for k, v in _entries(r, _UPPER, seq)]
     elif below > FIRST_UPPER_INO:
         limit = u64(below)
-        out += [(k[1:], v) for k, v in _entries(r, _UPPER, seq) if k[10:18] < limit]
+        if left_out is None:
+            out += [(k[1:], v) for k, v in _entries(r, _UPPER, seq) if k[10:18] < limit]
+        else:
+            for k, v in _entries(r, _UPPER, seq):
+                if k[10:18] < limit:
+                    out.append((k[1:], v))
+                else:
+                    left_out.add(k[10:18])
     return out
 
 

@@ -27,7 +27,16 @@ import trio
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
-from overlayckpt.core.delta import Rows, differing, index_order, keys_between, rows_since, unborn_left
+from overlayckpt.core.delta import (
+    Rows,
+    differing,
+    index_order,
+    keys_between,
+    restored_mark,
+    rows_near,
+    rows_since,
+    unborn_left,
+)
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.journal import (
     Caller,
@@ -62,6 +71,7 @@ from overlayckpt.tables import (
     NAMES,
     NODES,
     RESTORE_FILES_KEY,
+    RESTORED_KEY,
 )
 
 log = logging.getLogger(__name__)
@@ -155,6 +165,7 @@ class Prepared:
     records: int  # how many journal records it held
     rows: Rows  # the keys to write (their value then differs from now)
     warnings: list[str]
+    left: set[bytes] | None  # a whole restore: the inodes whose keys it leaves as they are
 
 
 class _Phases:
@@ -295,7 +306,7 @@ class Timeline:
                     table = TABLE_NAMES[tcode]
                     rows[(table, key)] = (then.get(table, key), w.get(table, key),
                                           history.newest(w, tcode, key))
-            rows = unborn_left(dict(sorted(rows.items(), key=index_order)))
+            rows = unborn_left(dict(sorted(rows.items(), key=index_order)), prep.left)
         if w.count(JOURNAL) != prep.records + len(late):
             # (rare) thinning merged records since the snapshot: newest versions moved
             rows = {(t, k): (value, current, history.newest(w, TABLE_CODES[t], k))
@@ -320,6 +331,11 @@ class Timeline:
         for table, items in puts.items():
             w.put_many(table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
+        mark = restored_mark(ck.id, prep.left) if code and paths is None else None
+        if mark is not None:  # (delta.rows_near: the live tree is target's since, but...)
+            w.put(META, RESTORED_KEY, mark)
+        elif code:
+            w.delete(META, RESTORED_KEY)
         if undo:
             w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
         return ck
@@ -329,8 +345,11 @@ class Timeline:
         """What a restore to target writes: the keys whose value then differs from now."""
         warnings: list[str] = []
         rows: Rows = {}
+        left: set[bytes] | None = None  # (a whole restore: what it leaves, delta.rows_near)
         if code and paths is None:
-            rows = rows_since(r, target.seq, target.next_ino)
+            left = set()
+            near = rows_near(r, target, left)
+            rows = near if near is not None else rows_since(r, target.seq, target.next_ino, left)
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}
@@ -341,7 +360,7 @@ class Timeline:
                     rows[(table, key)] = (value, current, last)
             rows = unborn_left(rows)
         rows = dict(sorted(rows.items(), key=index_order))  # (the order the write wants)
-        return Prepared(target, next_seq(r), r.count(JOURNAL), rows, warnings)
+        return Prepared(target, next_seq(r), r.count(JOURNAL), rows, warnings, left)
 
     # -- the file lists of restores -------------------------------------------
 

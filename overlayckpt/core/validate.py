@@ -66,6 +66,8 @@ from overlayckpt.tables import (
     PINNED,
     REPO_KEY,
     RESTORE_FILES_KEY,
+    RESTORED_KEY,
+    RESTORED_LEFT_MOST,
     SEEN,
     SEQ_KEY,
     UNDER_KEY,
@@ -389,6 +391,9 @@ def _meta(key: bytes, value: bytes, block_size: int, bundle: bool) -> None:
             _int(n, 1, 1 << 62, "journal position")
     elif key in (REPO_KEY, WRITE_BEHIND_KEY, GROUP_KEY, CALL_KEY):
         pass  # (bytes of their own: a path, a position, a packed group, a flag)
+    elif key == RESTORED_KEY:
+        if len(value) % 8 or not 8 <= len(value) <= 8 * (1 + RESTORED_LEFT_MOST):
+            raise Bad("is not a restore's checkpoint and the inodes it left")
     elif key.startswith(RESTORE_FILES_KEY):
         if len(key) != len(RESTORE_FILES_KEY) + 8 or len(value) != 8:
             raise Bad("is not a restore's mark")

@@ -642,7 +642,9 @@ async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
         open_session: Callable[..., Session], repo: Path, monkeypatch) -> None:
     """The warm-up of a whole restore (several threads reading its pages first, when a
     sample says they are on disk) only reads: here it runs for every restore, and every
-    restore still gives its checkpoint's tree."""
+    restore still gives its checkpoint's tree. (The index's way: none near the last restore.)"""
+    from overlayckpt.core import timeline
+    monkeypatch.setattr(timeline, "rows_near", lambda r, target, left: None)
     monkeypatch.setattr(history, "WARM_MIN", 1)
     monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
     ran = []
@@ -659,3 +661,46 @@ async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
         await tl.restore(ck.id, ME)
         assert tree_of(s.overlay) == recorded[ck.id], ck.id
     assert ("warm_changed", True) in ran and ("warm_up", True) in ran, ran
+
+
+async def test_a_restore_near_the_last_restore_finds_the_rows_the_index_finds(
+        open_session: Callable[..., Session], repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta.rows_near (the journal records between the last whole restore's target and
+    this one's, those since, and the keys of the inodes that restore left) finds exactly
+    the rows rows_since finds from the index, and leaves at least the inodes it leaves;
+    after each restore the tree is the target's. Random histories with many restores back
+    and forth, atomic saves (new inodes), removals, and thinning."""
+    from overlayckpt.core import timeline
+    from overlayckpt.core.delta import rows_near, rows_since
+    near_used = 0
+
+    def checked(r: ReadTxn, target: Any, left: set[bytes]) -> Any:
+        nonlocal near_used
+        rows = rows_near(r, target, left)
+        if rows is not None:
+            near_used += 1
+            want_left: set[bytes] = set()
+            assert rows == rows_since(r, target.seq, target.next_ino, want_left), target.id
+            assert left >= want_left, target.id
+        return rows
+    monkeypatch.setattr(timeline, "rows_near", checked)
+    for seed in (5, 6, 7):
+        s = open_session(repo, store=repo.parent / f"store-near-{seed}")
+        rng = random.Random(seed)
+        tl = Timeline(s.ctx)
+        trees: dict[int, dict[str, tuple]] = {}
+        for i in range(240):
+            _step(rng, s)
+            if rng.random() < 0.3:
+                ck = tl.checkpoint(None, None, ME)
+                trees[ck.id] = tree_of(s.overlay)
+            if trees and rng.random() < 0.15:
+                target = rng.choice(sorted(trees)[-6:])  # (near ones: undo and redo)
+                await tl.restore(target, ME)
+                assert tree_of(s.overlay) == trees[target], (seed, i, target)
+            if i == 120:
+                await thin(s.store, 0)
+                kept = {ck.id for ck in s.store.read(tl.all)}
+                trees = {cid: t for cid, t in trees.items() if cid in kept}
+        assert fsck(s.store)["clean"], fsck(s.store)["problems"]
+    assert near_used > 20, f"rows_near answered {near_used} restores: the test tests little"
