@@ -48,9 +48,10 @@ DERIVED_KEYS = (HISTORY_KEY, GROUPFILES_KEY)  # absent: the derived tables are r
 APPLIED_KEY = b"applied"          # the journal position the repo was last applied at
 RESTORE_FILES_KEY = b"restore_files/"  # + seq: a restore's record still to list its files
 RESTORED_KEY = b"restored"        # u64 id of the last whole restore's checkpoint, then the
-                                  # u64 inodes it left as they are: the live state is its
-                                  # target's since, but for those inodes and what was
-                                  # journaled after it (core/delta.py rows_near)
+                                  # u64 inodes it left as they are that its target had made:
+                                  # the live state is its target's since, but for those, the
+                                  # inodes made after the target and what was journaled
+                                  # after it (core/delta.py rows_near)
 RESTORED_LEFT_MOST = 1024         # a restore that leaves more inodes leaves no such mark
 UNDER_KEY = b"under/"             # + checkpoint id: u64 id of the checkpoint before it, whose
                                   # command its own ran under (an agent's git commit: core/folds.py)

@@ -14,7 +14,7 @@ from typing import Any
 
 from overlayckpt.core import history
 from overlayckpt.core.journal import next_seq, records
-from overlayckpt.records import FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, from_u64, u64
+from overlayckpt.records import FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, from_u64, u64
 from overlayckpt.store.txn import ReadTxn
 from overlayckpt.tables import BMAP, CKPTS, DIRENTS, META, NODES, RESTORED_KEY, RESTORED_LEFT_MOST, XATTRS
 
@@ -164,12 +164,14 @@ def rows_since(r: ReadTxn, seq: int, next_ino: int = 0, left: set[bytes] | None 
 # RESTORED_LEFT_MOST inodes as they are leaves nothing for the next to start from.
 
 
-def restored_mark(restore_id: int, left: set[bytes] | None) -> bytes | None:
-    """META restored for a whole restore (its checkpoint) that left these inodes as they
-    are (8-byte keys; None: not known); None: no mark."""
-    if left is None or len(left) > RESTORED_LEFT_MOST:
+def restored_mark(restore: Checkpoint, target: Checkpoint, left: set[bytes] | None) -> bytes | None:
+    """META restored for a whole restore (its checkpoint) to target that left these inodes
+    as they are (8-byte keys; None: not known); None: no mark. Of them it lists those
+    target had made (gone by then): the others are known by number (rows_near)."""
+    if left is None or not target.next_ino:
         return None
-    return u64(restore_id) + b"".join(sorted(left))
+    made = sorted(i for i in left if i < u64(target.next_ino))
+    return u64(restore.id) + b"".join(made) if len(made) <= RESTORED_LEFT_MOST else None
 
 
 def _checkpoint(r: ReadTxn, cid: int) -> Checkpoint | None:
@@ -183,11 +185,12 @@ def rows_near(r: ReadTxn, target: Checkpoint, left: set[bytes]) -> Rows | None:
     target, those changed and restored back since included; None where that would not be
     cheaper or cannot be known.
 
-    After a whole restore to X (META restored: its checkpoint, and the inodes it left as
-    they are), every key has its value at X but for the keys of those inodes and of the
-    records journaled since. So a key whose value now differs from its value at target is
-    one of: a key of the records between X and target, of the records since the restore,
-    or of an inode that restore left."""
+    After a whole restore to X, every key has its value at X but for the keys of the
+    inodes it left as they are (those X had not made yet, and those gone at X: META
+    restored lists these with its checkpoint) and of the records journaled since. So a
+    key whose value now differs from its value at target is one of: a key of the records
+    between X and target, of the records since the restore, of an inode it listed, or of
+    an inode made between X and target (target after X: those target had made)."""
     mark = r.get(META, RESTORED_KEY)
     done = None if mark is None else _checkpoint(r, from_u64(mark[:8]))
     x = None if done is None or done.restored_from is None else _checkpoint(r, done.restored_from)
@@ -195,14 +198,21 @@ def rows_near(r: ReadTxn, target: Checkpoint, left: set[bytes]) -> Rows | None:
         return None
     lo, hi = sorted((x.seq, target.seq))
     now = next_seq(r)
-    if (hi - lo) + (now - done.seq) > SCAN_RECORDS:
+    made = range(max(x.next_ino, FIRST_UPPER_INO), target.next_ino)  # (empty: target before X)
+    if (hi - lo) + (now - done.seq) > SCAN_RECORDS or len(made) > RESTORED_LEFT_MOST or not x.next_ino:
         return None
     keys: set[tuple[bytes, bytes]] = set()
     for rec in records(r, lo, hi) + records(r, done.seq, now):
         keys.update((TABLE_NAMES[code], key) for code, key, _ in rec.undo)
-    for at in range(8, len(mark), 8):  # the inodes that restore left
-        for table in (NODES, DIRENTS, BMAP, XATTRS):
+    for table in (NODES, DIRENTS, BMAP, XATTRS):
+        for at in range(8, len(mark), 8):  # the inodes that restore listed
             keys.update((table, key) for key, _ in r.prefix(table, mark[at:at + 8]))
+        if made:
+            end = u64(made.stop)
+            for key, _ in r.range_from(table, u64(made.start)):
+                if key[:8] >= end:
+                    break
+                keys.add((table, key))
     then, limit, rows = history.AtCheckpoint(r, target.seq), u64(target.next_ino), {}
     for table, key in keys:
         if key >= FIRST_UPPER_KEY and key[:8] >= limit:  # (an inode target had not made:

@@ -331,7 +331,7 @@ class Timeline:
         for table, items in puts.items():
             w.put_many(table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
-        mark = restored_mark(ck.id, prep.left) if code and paths is None else None
+        mark = restored_mark(ck, target, prep.left) if code and paths is None else None
         if mark is not None:  # (delta.rows_near: the live tree is target's since, but...)
             w.put(META, RESTORED_KEY, mark)
         elif code:
