@@ -15,7 +15,7 @@ from typing import Any
 from overlayckpt.core import history
 from overlayckpt.core.journal import next_seq, records
 from overlayckpt.records import FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, from_u64, u64
-from overlayckpt.store.txn import ReadTxn
+from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import BMAP, CKPTS, DIRENTS, META, NODES, RESTORED_KEY, RESTORED_LEFT_MOST, XATTRS
 
 TABLE_CODES = history.TABLE_CODES
@@ -159,15 +159,29 @@ def rows_since(r: ReadTxn, seq: int, next_ino: int = 0, left: set[bytes] | None 
     return rows
 
 
-# A restore near the last whole restore's target reads the journal records between the two
-# (and those since) when they are at most SCAN_RECORDS; a whole restore that leaves more than
-# RESTORED_LEFT_MOST inodes as they are leaves nothing for the next to start from.
+def whole_restore(r: ReadTxn, target: Checkpoint) -> tuple[Rows, set[bytes]]:
+    """The rows of a restore of the whole tree to target (rows_near's, else rows_since's),
+    and the inodes whose keys it leaves as they are."""
+    left: set[bytes] = set()
+    rows = rows_near(r, target, left)
+    return (rows if rows is not None else rows_since(r, target.seq, target.next_ino, left)), left
+
+
+def note_restored(w: WriteTxn, restore: Checkpoint, target: Checkpoint, left: set[bytes] | None) -> None:
+    """META restored after a restore of the code to target: the mark rows_near starts from
+    after a whole one (left: what it left), none after one of some paths (left None)."""
+    mark = restored_mark(restore, target, left)
+    if mark is None:
+        w.delete(META, RESTORED_KEY)
+    else:
+        w.put(META, RESTORED_KEY, mark)
 
 
 def restored_mark(restore: Checkpoint, target: Checkpoint, left: set[bytes] | None) -> bytes | None:
     """META restored for a whole restore (its checkpoint) to target that left these inodes
     as they are (8-byte keys; None: not known); None: no mark. Of them it lists those
-    target had made (gone by then): the others are known by number (rows_near)."""
+    target had made (gone by then): the others are known by number (rows_near). One that
+    leaves more than RESTORED_LEFT_MOST of these leaves no mark."""
     if left is None or not target.next_ino:
         return None
     made = sorted(i for i in left if i < u64(target.next_ino))
@@ -183,7 +197,7 @@ def rows_near(r: ReadTxn, target: Checkpoint, left: set[bytes]) -> Rows | None:
     """rows_since's rows (and what it would leave, into left), from the journal records
     near the last whole restore instead of the index, which holds every key changed since
     target, those changed and restored back since included; None where that would not be
-    cheaper or cannot be known.
+    cheaper (more than SCAN_RECORDS records) or cannot be known.
 
     After a whole restore to X, every key has its value at X but for the keys of the
     inodes it left as they are (those X had not made yet, and those gone at X: META

@@ -12,6 +12,7 @@ Single-threaded: each histogram is recorded by one thread (the request loop's he
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -155,3 +156,17 @@ class Captures:
     those captured after it (acknowledged early: write-behind)."""
     before_reply: Histogram = field(default_factory=Histogram)
     after_reply: Histogram = field(default_factory=Histogram)
+
+
+class Phases:
+    """Milliseconds each phase of a command took, in order (a restore's reply shows them:
+    which part of a slow one was the kernel's)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        t = time.perf_counter()
+        self.ms[phase] = round((t - self._t) * 1e3, 1)
+        self._t = t

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,16 +26,7 @@ import trio
 from overlayckpt.core import groupfiles, history
 from overlayckpt.core.context import Context
 from overlayckpt.core.conversation import move_head
-from overlayckpt.core.delta import (
-    Rows,
-    differing,
-    index_order,
-    keys_between,
-    restored_mark,
-    rows_near,
-    rows_since,
-    unborn_left,
-)
+from overlayckpt.core.delta import Rows, differing, index_order, keys_between, note_restored, unborn_left, whole_restore
 from overlayckpt.core.history import AtCheckpoint
 from overlayckpt.core.journal import (
     Caller,
@@ -46,6 +36,7 @@ from overlayckpt.core.journal import (
     next_seq,
     records,
 )
+from overlayckpt.core.latency import Phases
 from overlayckpt.core.workers import read_off_loop
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.messages import Change, RestoreReply
@@ -71,7 +62,6 @@ from overlayckpt.tables import (
     NAMES,
     NODES,
     RESTORE_FILES_KEY,
-    RESTORED_KEY,
 )
 
 log = logging.getLogger(__name__)
@@ -168,20 +158,6 @@ class Prepared:
     left: set[bytes] | None  # a whole restore: the inodes whose keys it leaves as they are
 
 
-class _Phases:
-    """Milliseconds each phase of a command took, in order (a restore's reply shows them:
-    which part of a slow one was the kernel's)."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def end(self, phase: str) -> None:
-        t = time.perf_counter()
-        self.ms[phase] = round((t - self._t) * 1e3, 1)
-        self._t = t
-
-
 class Timeline:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -263,7 +239,7 @@ class Timeline:
         in its journal record later (complete_restores): nothing needs them before."""
         code = what in ("code", "both")
         listing = stop_listing(self.store)
-        took = _Phases()
+        took = Phases()
         if code:
             await self.ctx.flush_kernel()
         took.end("flush")
@@ -331,11 +307,8 @@ class Timeline:
         for table, items in puts.items():
             w.put_many(table, items)
         ck = append_closed(w, caller, "restore", undo, "restore", target.id, newest)
-        mark = restored_mark(ck, target, prep.left) if code and paths is None else None
-        if mark is not None:  # (delta.rows_near: the live tree is target's since, but...)
-            w.put(META, RESTORED_KEY, mark)
-        elif code:
-            w.delete(META, RESTORED_KEY)
+        if code:  # (what the next restore near this one starts from: delta.rows_near)
+            note_restored(w, ck, target, prep.left if paths is None else None)
         if undo:
             w.put(META, RESTORE_FILES_KEY + u64(ck.start_seq), u64(ck.seq))
         return ck
@@ -347,9 +320,7 @@ class Timeline:
         rows: Rows = {}
         left: set[bytes] | None = None  # (a whole restore: what it leaves, delta.rows_near)
         if code and paths is None:
-            left = set()
-            near = rows_near(r, target, left)
-            rows = near if near is not None else rows_since(r, target.seq, target.next_ino, left)
+            rows, left = whole_restore(r, target)
         elif code:
             delta = {(TABLE_NAMES[c], key): (value, last)
                      for c, key, value, last in history.values_since(r, target.seq)}

@@ -643,8 +643,8 @@ async def test_restores_that_bring_their_pages_in_with_threads_first_are_exact(
     """The warm-up of a whole restore (several threads reading its pages first, when a
     sample says they are on disk) only reads: here it runs for every restore, and every
     restore still gives its checkpoint's tree. (The index's way: none near the last restore.)"""
-    from overlayckpt.core import timeline
-    monkeypatch.setattr(timeline, "rows_near", lambda r, target, left: None)
+    from overlayckpt.core import delta
+    monkeypatch.setattr(delta, "rows_near", lambda r, target, left: None)
     monkeypatch.setattr(history, "WARM_MIN", 1)
     monkeypatch.setattr(history, "COLD_S", 0.0)  # (every sample is "on disk")
     ran = []
@@ -671,7 +671,7 @@ async def test_a_restore_near_the_last_restore_finds_the_rows_the_index_finds(
     that the target had made;
     after each restore the tree is the target's. Random histories with many restores back
     and forth, atomic saves (new inodes), removals, and thinning."""
-    from overlayckpt.core import timeline
+    from overlayckpt.core import delta
     from overlayckpt.core.delta import rows_near, rows_since
     near_used = 0
 
@@ -685,7 +685,7 @@ async def test_a_restore_near_the_last_restore_finds_the_rows_the_index_finds(
             made = u64(target.next_ino)  # (those it had not made are known by number)
             assert {i for i in left if i < made} >= {i for i in want_left if i < made}, target.id
         return rows
-    monkeypatch.setattr(timeline, "rows_near", checked)
+    monkeypatch.setattr(delta, "rows_near", checked)
     for seed in (5, 6, 7, 8):
         s = open_session(repo, store=repo.parent / f"store-near-{seed}")
         rng = random.Random(seed)
