@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Mount
+from conftest import Mount, MountFactory, make_repo
+from overlayckpt.core.lower import CACHE_ENTRIES
 from test_dir_attrs import attrs, synced
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="forgetting the kernel's names needs root")
@@ -237,3 +238,25 @@ def test_no_change_leaves_an_answer_stale(mounted: Mount, tmp_path: Path, seed: 
                 raise AssertionError(f"after {done}: {e}") from None
     after = counters(m)
     assert after[0] > before[0] and after[1] > before[1], "C answered no lookup or listing"
+
+
+def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: MountFactory,
+                                                                tmp_path: Path) -> None:
+    """Lookups in a repo directory too big for Lower to keep listed (core/lower.py) publish
+    nothing: that would stall the lookup for the whole directory. Its listing does."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / "big").mkdir()
+    names = [f"f{i:05d}" for i in range(CACHE_ENTRIES // 4 + 100)]
+    for name in names:
+        (repo / "big" / name).write_bytes(b"")
+    m = mount_factory(repo)
+    forget_names()
+    before = counters(m)[0]
+    for name in names[::7]:
+        os.lstat(m.mnt / "big" / name)
+    assert counters(m)[0] == before, "C answered lookups in a directory no lookup should publish"
+    assert len(os.listdir(m.mnt / "big")) == len(names)  # (Python's listing: published)
+    forget_names()
+    for name in names[::7]:
+        assert attrs(m.mnt / "big" / name) == synced(m.mnt / "big" / name)
+    assert counters(m)[0] > before

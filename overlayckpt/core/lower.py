@@ -145,7 +145,7 @@ class Lower:
         # ran (the daemon reads the repo's metadata ahead from there: fastpath.warm_tree,
         # which runs only once the mount is served by the C library)
         self.warm = warm
-        self.listings_made = 0  # directories listed from the disk so far (not from the cache)
+        self.listings_made = 0  # directories listed from the disk and kept (not huge) so far
         # called when the cached answers go (the FUSE adapter drops what C answers from them)
         self.on_forget: Callable[[], None] | None = None
 
@@ -256,11 +256,11 @@ class Lower:
             self._listings.move_to_end(path)
         else:
             cached = self._listdir(path)
-            self.listings_made += 1
             if len(cached) > CACHE_ENTRIES // 4:
                 # not kept: a lookup in it stats its one name, never lists it all again
                 self._huge.add(path)
                 return cached
+            self.listings_made += 1
             self._make_room(2 * len(cached))
             self._listings[path] = cached
             self._listed += len(cached)

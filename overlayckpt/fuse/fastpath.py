@@ -268,6 +268,9 @@ def dir_attrs_answered() -> int:
 # blocks, atime, mtime, ctime, their nsecs, mode, nlink, uid, gid, rdev, blksize, flags).
 _LEN = struct.Struct("<I")
 ENTRY_OUT = struct.Struct("<QQQQII6Q10I")
+# A bigger listing is not published: packing it would cost its readdir more than C's
+# answers save (names.c takes at most a quarter of its 32 MiB in one listing anyway).
+PUBLISH_MOST = 16384
 
 
 def names_clock() -> int:
@@ -311,8 +314,9 @@ def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes
     while nothing in it changes. listing: ".", "..", then its names sorted, with what
     Python answers for each (its readdir's listing), read at names_clock() stamp.
     Whether C took it."""
-    if _lib is None or any(a.entry_timeout != int(a.entry_timeout) or
-                           a.attr_timeout != int(a.attr_timeout) for _, a in listing):
+    if _lib is None or len(listing) > PUBLISH_MOST or any(
+            a.entry_timeout != int(a.entry_timeout) or a.attr_timeout != int(a.attr_timeout)
+            for _, a in listing):
         return False
     buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
     return bool(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))

@@ -197,8 +197,9 @@ class Operations(pyfuse3.Operations):
         """Have C answer the lookups of every name in parent and its listing
         (fuse/csrc/names.c) while nothing in it changes: a lookup that had the repo's
         directory listed is a walk's (the second name looked up in it: core/lower.py),
-        whose next lookups are its siblings. stamp: the names clock before the lookup
-        read anything."""
+        whose next lookups are its siblings. (A directory too big for Lower to keep is not
+        counted as listed: publishing it would stall this lookup.) stamp: the names clock
+        before the lookup read anything."""
         if not self.ov.store.deferred():  # (their inodes' attributes are not stored yet)
             fastpath.publish_dir(stamp, parent, self.ov.peek(lambda r: self._list(r, parent)))
 
