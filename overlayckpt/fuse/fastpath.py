@@ -299,11 +299,14 @@ def names_touch(inodes: set[bytes], everything: bool = False) -> None:
 
 
 def _entry_out(a: EntryAttributes) -> bytes:
-    """a as libfuse's fuse_reply_entry sends it (whole-second timeouts, as ours are)."""
+    """a as libfuse's fuse_reply_entry sends it (its timeouts split as calc_timeout_sec and
+    calc_timeout_nsec split them)."""
     atime, atime_ns = divmod(a.st_atime_ns, 10**9)
     mtime, mtime_ns = divmod(a.st_mtime_ns, 10**9)
     ctime, ctime_ns = divmod(a.st_ctime_ns, 10**9)
-    return ENTRY_OUT.pack(a.st_ino, a.generation, int(a.entry_timeout), int(a.attr_timeout), 0, 0,
+    entry, attr = int(a.entry_timeout), int(a.attr_timeout)
+    return ENTRY_OUT.pack(a.st_ino, a.generation, entry, attr,
+                          int((a.entry_timeout - entry) * 1e9), int((a.attr_timeout - attr) * 1e9),
                           a.st_ino, a.st_size, a.st_blocks, atime, mtime, ctime,
                           atime_ns, mtime_ns, ctime_ns, a.st_mode, a.st_nlink, a.st_uid,
                           a.st_gid, a.st_rdev, a.st_blksize, 0)
@@ -314,9 +317,7 @@ def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes
     while nothing in it changes. listing: ".", "..", then its names sorted, with what
     Python answers for each (its readdir's listing), read at names_clock() stamp.
     Whether C took it."""
-    if _lib is None or len(listing) > PUBLISH_MOST or any(
-            a.entry_timeout != int(a.entry_timeout) or a.attr_timeout != int(a.attr_timeout)
-            for _, a in listing):
+    if _lib is None or len(listing) > PUBLISH_MOST:
         return False
     buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
     return bool(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))

@@ -105,6 +105,16 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
         ignored = None if everything or file is not None else Ignored.of(s.overlay, r)
         folded: list[int] = []  # bookkeeping rows newer than any row shown yet
         git_row: LogEntry | None = None  # an agent's git-only row, folding into the next
+
+        def shown(row: LogEntry) -> bool:
+            """row appended, with the bookkeeping rows newer than it; False: limit reached."""
+            nonlocal folded
+            if limit and len(out) >= limit:
+                return False
+            if folded:
+                row["folded"], folded = folded + row.get("folded", []), []
+            out.append(row)
+            return True
         newest = tl.newest_first(r)  # (read only as far as shown: the history may be long)
         ck = next(newest, None)
         while ck is not None:
@@ -126,11 +136,8 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
                     continue
                 if skip or bookkeeping or ignored is None or git_only(r, ck, ignored):
                     # no edits' row to fold into: the git row is one of its own after all
-                    if limit and len(out) >= limit:
+                    if not shown(git_row):
                         return {"checkpoints": out, "more": True}
-                    if folded:
-                        git_row["folded"], folded = folded + git_row.get("folded", []), []
-                    out.append(git_row)
                     git_row = None
                     if skip or bookkeeping:
                         if bookkeeping:
@@ -151,11 +158,8 @@ def _log_read(s: Session, store: Store, cmd: LogRequest) -> LogReply:
                 (out[-1].setdefault("folded", []) if out else folded).append(ck.id)
                 ck = before
                 continue
-            if limit and len(out) >= limit:
+            if not shown(entry):
                 return {"checkpoints": out, "more": True}
-            if folded:
-                entry["folded"], folded = folded + entry.get("folded", []), []
-            out.append(entry)
             ck = before
         return {"checkpoints": out, "more": False}
     return store.read(fn)

@@ -200,6 +200,11 @@ class WriteTxn(ReadTxn):
         elif table == PINNED:
             self.touched_all = True
 
+    def _touch_keys(self, table: bytes, keys: Iterable[bytes]) -> None:
+        if table in _BY_INODE or table == PINNED:  # (else not one call per key)
+            for key in keys:
+                self._touch(table, key)
+
     def _put_block(self, digest: bytes, value: bytes) -> None:
         if value[:1] == RAW:
             digest, value = self._split(digest, value)
@@ -233,9 +238,7 @@ class WriteTxn(ReadTxn):
             for key, value in items:
                 self.put(table, key, value)
             return
-        if table in _BY_INODE or table == PINNED:
-            for key, _ in items:
-                self._touch(table, key)
+        self._touch_keys(table, (key for key, _ in items))
         self.txn.cursor(db=self.store.dbs[table]).putmulti(items, append=append)
 
     def delete_many(self, table: bytes, keys: list[bytes]) -> None:
@@ -243,9 +246,7 @@ class WriteTxn(ReadTxn):
             for key in keys:
                 self.delete(table, key)
             return
-        if table in _BY_INODE or table == PINNED:
-            for key in keys:
-                self._touch(table, key)
+        self._touch_keys(table, keys)
         delete, db = self.txn.delete, self.store.dbs[table]  # (no Python call per key of ours)
         for key in keys:
             delete(key, db=db)
