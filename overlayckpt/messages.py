@@ -427,6 +427,7 @@ class KernelStatus(TypedDict):
     dir_attrs_from_c: NotRequired[int]
     names_from_c: NotRequired[int]
     listings_from_c: NotRequired[int]
+    attrs_from_c: NotRequired[int]
     kernel_invalidation: NotRequired[str]  # "epoch" or "entries"
 
 

@@ -36,6 +36,7 @@ from overlayckpt.core.timeline import Timeline
 from overlayckpt.core.workers import wait_idle
 from overlayckpt.errors import UserError
 from overlayckpt.fuse.control import ControlFs
+from overlayckpt.fuse.forgotten import Forgotten
 from overlayckpt.fuse.mounterr import reason, stderr_lines
 from overlayckpt.fuse.ops import Operations
 from overlayckpt.fuse.views import CheckpointViews
@@ -75,9 +76,10 @@ INVALIDATION_ENV = "OVERLAYCKPT_KERNEL_INVALIDATION"
 class Kernel:
     """The kernel hooks of the core (core/context.py) for the mount at mountpoint."""
 
-    def __init__(self, mountpoint: str) -> None:
+    def __init__(self, mountpoint: str, forgotten: Forgotten) -> None:
         self.mountpoint = mountpoint
         self.epoch = False  # whether the kernel takes FUSE_NOTIFY_INC_EPOCH (probe_epoch)
+        self.forgotten = forgotten  # the inodes whose attributes it made the kernel drop
 
     def probe_epoch(self) -> None:
         """Once mounted: whether this kernel (6.16+) drops every name at once. The probe
@@ -96,6 +98,7 @@ class Kernel:
                 "dir_attrs_from_c": fastpath.dir_attrs_answered(),
                 "names_from_c": fastpath.names_answered(),
                 "listings_from_c": fastpath.listings_answered(),
+                "attrs_from_c": fastpath.attrs_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
@@ -107,8 +110,11 @@ class Kernel:
         epoch (every dentry, negative ones too, is looked up again at its next use).
         The epoch leaves attributes, pages and listings alone, so every inode whose
         attributes, content or listing changed is still invalidated (in C, one system
-        call each, without the GIL)."""
+        call each, without the GIL). A walk asks next for the attributes the kernel
+        dropped: Python has C answer most of them (fuse/forgotten.py)."""
         fastpath.drop_dir_attrs()
+        self.forgotten.add(inodes)
+
         def run() -> None:
             names = entries
             if self.epoch and len(entries) > EPOCH_ABOVE:
@@ -193,7 +199,8 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     # the interpreter's switch interval (5 ms) makes it let go: each request the loop's
     # thread answers meanwhile would wait that long. 0.5 ms bounds the wait to a tenth.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    kernel = Kernel(os.path.abspath(mountpoint))
+    forgotten = Forgotten()
+    kernel = Kernel(os.path.abspath(mountpoint), forgotten)
     captures = Captures()  # recorded by the adapter, reported by the session (stats)
     session = Session.open(store_dir, repo, create=True, block_size=block_size, window=window,
                            mountpoint=os.path.abspath(mountpoint), apply_on_exit=apply_on_exit,
@@ -205,7 +212,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
-                     kernel_handles=fastpath.active, capture=captures)
+                     kernel_handles=fastpath.active, capture=captures, forgotten=forgotten)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
         with stderr_lines() as said:  # libfuse says why only there

@@ -148,6 +148,9 @@ def test_histogram_buckets_agree(lib: ctypes.CDLL) -> None:
 
 
 def test_published_names_layout(lib: ctypes.CDLL) -> None:
-    """fastpath.py packs each name's answer as names.c copies it out: struct fuse_entry_out."""
+    """fastpath.py packs each name's answer as names.c copies it out: struct fuse_entry_out,
+    and each inode's attributes: struct fuse_attr_out."""
     fastpath = importlib.import_module("overlayckpt.fuse.fastpath")
     assert c_u32(lib, "fastpath_ENTRY_OUT_SIZE") == fastpath.ENTRY_OUT.size
+    # struct fuse_attr_out, as publish_attrs cuts it from fuse_entry_out: 16 bytes, the attr
+    assert c_u32(lib, "fastpath_ATTR_OUT_SIZE") == 16 + fastpath.ENTRY_OUT.size - 40

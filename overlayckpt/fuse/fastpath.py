@@ -94,6 +94,8 @@ def preload() -> None:
     lib.fastpath_names_changed.restype = None
     lib.fastpath_names_touch.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     lib.fastpath_names_touch.restype = None
+    lib.fastpath_publish_attrs.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_publish_attrs.restype = ctypes.c_size_t
     lib.fastpath_publish_listing.argtypes = [u64, u64, ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_publish_listing.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
@@ -298,6 +300,17 @@ def names_touch(inodes: set[bytes], everything: bool = False) -> None:
     _lib.fastpath_names_touch(arr, len(inodes))
 
 
+def publish_attrs(stamp: int, attrs: list[EntryAttributes]) -> int:
+    """Have C answer the GETATTRs of these inodes with what Python answers now (read at
+    names_clock() stamp) while nothing of them changes (names.c). How many C took."""
+    if _lib is None or not attrs:
+        return 0
+    # struct fuse_attr_out: attr_valid, its nsec, a dummy, then fuse_entry_out's attr
+    buf = b"".join([b"".join((e[24:32], e[36:40], b"\0\0\0\0", e[40:]))
+                    for e in map(_entry_out, attrs)])
+    return int(_lib.fastpath_publish_attrs(stamp, buf, len(attrs)))
+
+
 def _entry_out(a: EntryAttributes) -> bytes:
     """a as libfuse's fuse_reply_entry sends it (its timeouts split as calc_timeout_sec and
     calc_timeout_nsec split them)."""
@@ -328,6 +341,13 @@ def names_answered() -> int:
     if _lib is None:
         return 0
     return ctypes.c_uint64.in_dll(_lib, "fastpath_names_answered").value
+
+
+def attrs_answered() -> int:
+    """How many GETATTRs C answered from the attributes a restore published."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_attrs_answered").value
 
 
 def listings_answered() -> int:

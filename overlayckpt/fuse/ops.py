@@ -31,6 +31,7 @@ from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
+from overlayckpt.fuse.forgotten import Forgotten
 from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,11 @@ class Operations(pyfuse3.Operations):
     def __init__(self, overlay: Overlay, control: ControlFs, *,
                  invalidate: Invalidate = no_invalidate,
                  kernel_handles: Callable[[], bool] = lambda: False,
-                 capture: Captures | None = None) -> None:
+                 capture: Captures | None = None, forgotten: Forgotten | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
         the fast path library serves the session, asked once, at the first open (after the mount);
-        capture: where the capture latency of writes is recorded (overlayckpt stats)."""
+        capture: where the capture latency of writes is recorded (overlayckpt stats);
+        forgotten: the inodes invalidate makes the kernel forget (fuse/forgotten.py)."""
         super().__init__()
         self.capture = capture if capture is not None else Captures()
         overlay.store.on_deferred_stored = self._captured_later
@@ -111,6 +113,7 @@ class Operations(pyfuse3.Operations):
         # inode -> errno of a write that failed after C acknowledged it; fsync reports it
         self.failed_writes: dict[int, int] = {}
         self.invalidate = invalidate
+        self.forgotten = forgotten if forgotten is not None else Forgotten()
         self._next_fh = 1
         # a write that finds the store too far ahead of the disk waits off the loop (keep_up)
         overlay.store.writes_wait = False
@@ -207,7 +210,28 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if inode >= CONTROL_INO_BASE:
             return await self.ctl.getattr(inode)
+        if self.forgotten.inodes and fastpath.loaded():
+            run = self.forgotten.take(inode)
+            if run:
+                return self._publish_attrs(run)
         return self._attrs(inode)
+
+    def _publish_attrs(self, run: list[int]) -> pyfuse3.EntryAttributes:
+        """The attributes of run[0], a forgotten inode the kernel asks for; C takes those
+        of the rest, which it asks for next (fuse/forgotten.py)."""
+        self.ov.store.store_deferred()  # (then the clock, then what C answers from)
+        stamp = fastpath.names_clock()
+
+        def fn(r: Any) -> list[pyfuse3.EntryAttributes]:
+            out = []
+            for ino in run[1:]:
+                try:
+                    out.append(entry_attrs(ino, self.ov.node(r, ino), self.ov.bs))
+                except FsError:
+                    pass  # (gone since: the kernel asks no more of it)
+            return out
+        fastpath.publish_attrs(stamp, self.ov.peek(fn))
+        return self._attrs(run[0])
 
     @translate_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,

@@ -156,6 +156,12 @@ void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi)
     behind_count++;
 }
 
+/* Whether C has acknowledged a write Python has not taken yet (any thread). */
+int behind_pending(void)
+{
+    return __atomic_load_n(&behind_bytes, __ATOMIC_ACQUIRE) != 0;
+}
+
 /* Whether req was answered already; if so it is forgotten and freed. */
 int drop_acknowledged(fuse_req_t req)
 {

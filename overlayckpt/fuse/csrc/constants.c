@@ -25,3 +25,4 @@ const uint32_t fastpath_STATS_KINDS = STATS_KINDS;
 
 /* names.c: struct fuse_entry_out, as Python packs it */
 const uint32_t fastpath_ENTRY_OUT_SIZE = sizeof(struct fuse_entry_out);
+const uint32_t fastpath_ATTR_OUT_SIZE = sizeof(struct fuse_attr_out);

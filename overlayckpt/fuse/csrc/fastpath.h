@@ -29,7 +29,7 @@
  *   GETATTRs of them that follow, answered by the reader thread.
  * - names.c: the listings of directories Python publishes as it lists them, and the
  *   LOOKUPs and READDIRPLUS of them that follow, answered by the reader thread while
- *   nothing in them changes.
+ *   nothing in them changes; so are the GETATTRs of the inodes a restore wrote.
  * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
  *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
  *   stats).
@@ -148,6 +148,7 @@ extern int behind_count;  /* used only by pyfuse3's thread */
 void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t arrival);
 void take_acknowledged(fuse_req_t req, struct fuse_file_info *fi);
 int drop_acknowledged(fuse_req_t req);
+int behind_pending(void);
 
 /* stats.c (pyfuse3's thread, but stats_record) */
 extern uint64_t taken_arrival;  /* when the request pyfuse3 took last arrived */
@@ -169,6 +170,7 @@ void dir_attrs_taking(const char *mem, size_t len);
 void names_arriving(const char *mem, size_t len);
 int names_answer(struct fuse_session *se, const char *mem, size_t len);
 int listing_answer(struct fuse_session *se, const char *mem, size_t len);
+int attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 
 #pragma GCC visibility pop
 

@@ -26,7 +26,14 @@
  * nor any of its names has. The stamps are kept by hash of the inode in
  * a fixed table: inodes that share a slot drop each other's answers, never keep them.
  * The reader answers under the lock the stamps move under, so an answer is on its way
- * to the kernel before a change's commit returns, as in dirattrs.c.
+ * to the kernel before a change's commit returns, as in dirattrs.c. Nothing is taken
+ * while C has acknowledged a write Python has not taken yet (behind.c): its arrival
+ * may predate the clock Python read, and its content is not in what Python read.
+ *
+ * The same clock keeps inodes' attributes (by hash of inode, a fixed table): a restore
+ * makes the kernel drop the attributes of every inode it changed, and a walk after it
+ * asks a GETATTR of each. Python answers the first of a run and publishes the next
+ * ones' here (fuse/ops.py), which the reader answers while the inode has not changed.
  */
 #include "fastpath.h"
 
@@ -52,7 +59,15 @@ static uint64_t touched[TOUCH_SLOTS];  /* by hash of inode: the clock when it la
 static struct listing *listings[LISTING_SLOTS];
 static size_t listings_bytes;
 static uint64_t listings_made;
-uint64_t fastpath_names_answered, fastpath_listings_answered;
+uint64_t fastpath_names_answered, fastpath_listings_answered, fastpath_attrs_answered;
+
+#define ATTR_SLOTS_BITS 17  /* 16 MiB of address space, touched only where published */
+struct attr_slot {
+    uint64_t ino;    /* 0: empty */
+    uint64_t stamp;  /* the clock its state was committed at */
+    struct fuse_attr_out out;
+};
+static struct attr_slot *attr_table;  /* allocated at the first publication, then kept */
 
 static inline uint64_t *touch_slot(uint64_t ino)
 {
@@ -229,7 +244,7 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
     }
     l->starts[count] = (uint32_t)size;
     pthread_mutex_lock(&names_lock);
-    if (stamp < changed_all) {
+    if (stamp < changed_all || behind_pending()) {
         pthread_mutex_unlock(&names_lock);
         free(l->starts);
         free(l);
@@ -367,6 +382,60 @@ int listing_answer(struct fuse_session *se, const char *mem, size_t len)
     fastpath_listings_answered++;
     answered = 1;
 out:
+    pthread_mutex_unlock(&names_lock);
+    return answered;
+}
+
+static inline struct attr_slot *attr_slot(uint64_t ino)
+{
+    return &attr_table[(ino * 0x9E3779B97F4A7C15ULL) >> (64 - ATTR_SLOTS_BITS)];
+}
+
+/* Python: count inodes' attributes (struct fuse_attr_out each, the inode in attr.ino),
+ * read at clock stamp. How many it took. */
+size_t fastpath_publish_attrs(uint64_t stamp, const struct fuse_attr_out *outs, size_t count)
+{
+    size_t taken = 0;
+
+    pthread_mutex_lock(&names_lock);
+    if (attr_table == NULL)
+        __atomic_store_n(&attr_table, calloc((size_t)1 << ATTR_SLOTS_BITS, sizeof(*attr_table)),
+                         __ATOMIC_RELEASE);
+    if (attr_table != NULL && stamp >= changed_all && !behind_pending()) {
+        for (size_t i = 0; i < count; i++) {
+            uint64_t ino = outs[i].attr.ino;
+            struct attr_slot *s;
+
+            if (ino == 0 || ino >= cache_below)
+                continue;
+            s = attr_slot(ino);
+            s->ino = ino;
+            s->stamp = stamp;
+            s->out = outs[i];
+            taken++;
+        }
+    }
+    pthread_mutex_unlock(&names_lock);
+    return taken;
+}
+
+/* The reader thread: answer a GETATTR from the published attributes; 0 if it cannot. */
+int attrs_answer(struct fuse_session *se, const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    struct attr_slot *s;
+    int answered = 0;
+
+    if (len < sizeof(*in) || in->opcode != FUSE_GETATTR || in->nodeid == 0 ||
+        __atomic_load_n(&attr_table, __ATOMIC_ACQUIRE) == NULL)
+        return 0;
+    pthread_mutex_lock(&names_lock);
+    s = attr_slot(in->nodeid);
+    if (s->ino == in->nodeid && unchanged(s->ino, s->stamp)) {
+        reply(se, in->unique, &s->out, sizeof(s->out));
+        fastpath_attrs_answered++;
+        answered = 1;
+    }
     pthread_mutex_unlock(&names_lock);
     return answered;
 }

@@ -115,7 +115,7 @@ static void *read_requests(void *arg)
         }
         names_arriving(buf.mem, (size_t)res);  /* (before a write is acknowledged) */
         if (names_answer(se, buf.mem, (size_t)res) || listing_answer(se, buf.mem, (size_t)res) ||
-            dir_attrs_answer(se, buf.mem, (size_t)res))
+            dir_attrs_answer(se, buf.mem, (size_t)res) || attrs_answer(se, buf.mem, (size_t)res))
             continue;
         if (request_is_fast(buf.mem, (size_t)res))
             real_process(se, &buf);
