@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import islice
 
 RUN = 256  # inodes published with each GETATTR Python answers of them
 MOST = 1 << 17  # inodes kept at most (as many as C's table holds)
@@ -21,7 +22,8 @@ class Forgotten:
         self.inodes: list[int] = []  # sorted
 
     def add(self, inodes: Iterable[int]) -> None:
-        self.inodes = sorted(set(self.inodes).union(inodes))[:MOST]
+        # (bounded work on the loop, whatever a restore changed: MOST at most taken)
+        self.inodes = sorted(set(self.inodes).union(islice(inodes, MOST)))[:MOST]
 
     def take(self, ino: int) -> list[int]:
         """ino and the forgotten inodes after it (RUN in all at most), now no longer
