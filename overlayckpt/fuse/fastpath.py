@@ -344,7 +344,7 @@ def names_answered() -> int:
 
 
 def attrs_answered() -> int:
-    """How many GETATTRs C answered from the attributes a restore published."""
+    """How many GETATTRs C answered from what publish_attrs published."""
     if _lib is None:
         return 0
     return ctypes.c_uint64.in_dll(_lib, "fastpath_attrs_answered").value

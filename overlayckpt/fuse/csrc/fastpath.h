@@ -29,7 +29,7 @@
  *   GETATTRs of them that follow, answered by the reader thread.
  * - names.c: the listings of directories Python publishes as it lists them, and the
  *   LOOKUPs and READDIRPLUS of them that follow, answered by the reader thread while
- *   nothing in them changes; so are the GETATTRs of the inodes a restore wrote.
+ *   nothing in them changes; so are the GETATTRs a walk sends after a restore.
  * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
  *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
  *   stats).

@@ -64,7 +64,7 @@ uint64_t fastpath_names_answered, fastpath_listings_answered, fastpath_attrs_ans
 #define ATTR_SLOTS_BITS 17  /* 16 MiB of address space, touched only where published */
 struct attr_slot {
     uint64_t ino;    /* 0: empty */
-    uint64_t stamp;  /* the clock its state was committed at */
+    uint64_t stamp;  /* the clock Python read before reading it */
     struct fuse_attr_out out;
 };
 static struct attr_slot *attr_table;  /* allocated at the first publication, then kept */
