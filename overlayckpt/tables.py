@@ -28,6 +28,9 @@ HISTORY_TABLES = (VERSIONS, CHANGED)
 DERIVED_TABLES = (*HISTORY_TABLES, GROUPFILES)  # bundles and salvage leave these out
 TABLES = (META, BLOCKS, NODES, DIRENTS, BMAP, XATTRS, JOURNAL, CKPTS, NAMES, PINNED, CONV, SEEN,
           *DERIVED_TABLES)
+# the live tree: every key of these begins with the inode whose attributes, names,
+# content or xattrs it holds
+LIVE_TABLES = (NODES, DIRENTS, BMAP, XATTRS)
 
 # keys in META
 FORMAT_KEY = b"format"            # store format version

@@ -16,7 +16,7 @@ from overlayckpt.core import history
 from overlayckpt.core.journal import next_seq, records
 from overlayckpt.records import FIRST_UPPER_INO, FIRST_UPPER_KEY, TABLE_NAMES, Checkpoint, from_u64, u64
 from overlayckpt.store.txn import ReadTxn, WriteTxn
-from overlayckpt.tables import BMAP, CKPTS, DIRENTS, META, NODES, RESTORED_KEY, RESTORED_LEFT_MOST, XATTRS
+from overlayckpt.tables import CKPTS, DIRENTS, LIVE_TABLES, META, NODES, RESTORED_KEY, RESTORED_LEFT_MOST
 
 TABLE_CODES = history.TABLE_CODES
 
@@ -218,7 +218,7 @@ def rows_near(r: ReadTxn, target: Checkpoint, left: set[bytes]) -> Rows | None:
     keys: set[tuple[bytes, bytes]] = set()
     for rec in records(r, lo, hi) + records(r, done.seq, now):
         keys.update((TABLE_NAMES[code], key) for code, key, _ in rec.undo)
-    for table in (NODES, DIRENTS, BMAP, XATTRS):
+    for table in LIVE_TABLES:
         for at in range(8, len(mark), 8):  # the inodes that restore listed
             keys.update((table, key) for key, _ in r.prefix(table, mark[at:at + 8]))
         if made:

@@ -32,24 +32,20 @@ from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
 from overlayckpt.store.lmdbstore import Store, forks_of, parent_of
 from overlayckpt.store.txn import ReadTxn, WriteTxn
 from overlayckpt.tables import (
-    BMAP,
     CKPTS,
     CONV,
     CONV_HEAD_KEY,
     CONV_NEXT_KEY,
-    DIRENTS,
     FORK_KEY,
+    LIVE_TABLES,
     META,
     NEXT_INO_KEY,
-    NODES,
     PARENT_KEY,
     PINNED,
     REPO_KEY,
     SEEN,
-    XATTRS,
 )
 
-LIVE_TABLES = (NODES, DIRENTS, BMAP, XATTRS)
 COPIED = (PINNED, SEEN)  # as they are now: pins only grow, and apply checks only what it writes
 BATCH = 50_000  # entries per write transaction of the copy
 

@@ -291,13 +291,11 @@ def names_changed() -> None:
 def names_touch(inodes: set[bytes], everything: bool = False) -> None:
     """These inodes (8-byte keys) changed: C no longer answers from what it was
     published of them (Store.on_commit; everything: of any inode)."""
-    if _lib is None:
-        return
     if everything:
-        _lib.fastpath_names_changed()
-        return
-    arr = (ctypes.c_uint64 * len(inodes))(*[int.from_bytes(k, "big") for k in inodes])
-    _lib.fastpath_names_touch(arr, len(inodes))
+        names_changed()
+    elif _lib is not None:
+        arr = (ctypes.c_uint64 * len(inodes))(*[int.from_bytes(k, "big") for k in inodes])
+        _lib.fastpath_names_touch(arr, len(inodes))
 
 
 def publish_attrs(stamp: int, attrs: list[EntryAttributes]) -> int:

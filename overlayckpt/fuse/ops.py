@@ -219,19 +219,17 @@ class Operations(pyfuse3.Operations):
     def _publish_attrs(self, run: list[int]) -> pyfuse3.EntryAttributes:
         """The attributes of run[0], a forgotten inode the kernel asks for; C takes those
         of the rest, which it asks for next (fuse/forgotten.py)."""
-        self.ov.store.store_deferred()  # (then the clock, then what C answers from)
-        stamp = fastpath.names_clock()
-
         def fn(r: Any) -> list[pyfuse3.EntryAttributes]:
-            out = []
+            out = [self._attrs(run[0], self.ov.node(r, run[0]))]
             for ino in run[1:]:
                 try:
-                    out.append(entry_attrs(ino, self.ov.node(r, ino), self.ov.bs))
+                    out.append(self._attrs(ino, self.ov.node(r, ino)))
                 except FsError:
                     pass  # (gone since: the kernel asks no more of it)
             return out
-        fastpath.publish_attrs(stamp, self.ov.peek(fn))
-        return self._attrs(run[0])
+        stamp, attrs = self._read_for_c(fn)
+        fastpath.publish_attrs(stamp, attrs[1:])
+        return attrs[0]
 
     @translate_errors
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
@@ -502,12 +500,17 @@ class Operations(pyfuse3.Operations):
         nothing in it changes (fuse/csrc/names.c)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
-        self.ov.store.store_deferred()  # (before the stamp: their commit moves the clock)
-        stamp = fastpath.names_clock()
-        listing = self.ov.peek(lambda r: self._list(r, ino))
+        stamp, listing = self._read_for_c(lambda r: self._list(r, ino))
         if fastpath.loaded():
             fastpath.publish_dir(stamp, ino, listing)
         return listing
+
+    def _read_for_c(self, fn: Callable[[Any], T]) -> tuple[int, T]:
+        """fn on the live state, and the names clock read before it (fuse/csrc/names.c):
+        what C may answer from while nothing it shows changes since that stamp."""
+        self.ov.store.store_deferred()  # (before the stamp: their commit moves the clock)
+        stamp = fastpath.names_clock()
+        return stamp, self.ov.peek(fn)
 
     @translate_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:

@@ -17,7 +17,7 @@ import lmdb
 
 from overlayckpt.errors import FsError
 from overlayckpt.records import ZERO_BLOCK, from_u64, u64
-from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCKS, BMAP, DIRENTS, META, NODES, PINNED, XATTRS
+from overlayckpt.tables import BLOCK_BYTES_KEY, BLOCKS, LIVE_TABLES, META, PINNED
 
 T = TypeVar("T")
 
@@ -164,8 +164,8 @@ def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tupl
     return (whole(k, v) for k, v in items) if table == BLOCKS else items
 
 
-# the tables each key of which begins with the inode whose attributes, names or content it holds
-_BY_INODE = frozenset((NODES, DIRENTS, BMAP, XATTRS))
+_BY_INODE = frozenset(LIVE_TABLES)  # (a key's first 8 bytes: its inode)
+_TOUCHING = _BY_INODE | {PINNED}  # the tables whose writes Store.on_commit reports
 
 
 class WriteTxn(ReadTxn):
@@ -201,7 +201,7 @@ class WriteTxn(ReadTxn):
             self.touched_all = True
 
     def _touch_keys(self, table: bytes, keys: Iterable[bytes]) -> None:
-        if table in _BY_INODE or table == PINNED:  # (else not one call per key)
+        if table in _TOUCHING:  # (else not one call per key)
             for key in keys:
                 self._touch(table, key)
 
@@ -253,7 +253,7 @@ class WriteTxn(ReadTxn):
 
     def clear(self, table: bytes) -> None:
         """Empty the table (it stays)."""
-        if table in _BY_INODE or table == PINNED:
+        if table in _TOUCHING:
             self.touched_all = True
         self.txn.drop(self.store.dbs[table], delete=False)
 

@@ -78,9 +78,7 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t 
     uint64_t limit = __atomic_load_n(&max_behind, __ATOMIC_ACQUIRE);
     uint64_t need, pos;
     struct record *rec, *wrap = NULL;
-    struct fuse_out_header out;
     struct fuse_write_out written;
-    struct iovec iov[2];
     uint64_t answered;
 
     if (limit == 0 || in->opcode != FUSE_WRITE || len < sizeof(*in) + sizeof(*arg) ||
@@ -105,19 +103,12 @@ void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t 
     memcpy(rec + 1, mem + sizeof(*in) + sizeof(*arg), arg->size);
     __atomic_store_n(&rec->seq, ring_seq, __ATOMIC_RELEASE);
 
-    out.len = sizeof(out) + sizeof(written);
-    out.error = 0;
-    out.unique = in->unique;
     memset(&written, 0, sizeof(written));
     written.size = arg->size;
-    iov[0].iov_base = &out;
-    iov[0].iov_len = sizeof(out);
-    iov[1].iov_base = &written;
-    iov[1].iov_len = sizeof(written);
     /* count it before the writer can go on: the budget must hold what is answered */
     __atomic_add_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
     answered = now_ns();
-    if (writev(real_fd(se), iov, 2) != (ssize_t)out.len) {
+    if (!reply_raw(se, in->unique, &written, sizeof(written))) {
         /* interrupted or aborted: unlog it, and Python answers as before */
         __atomic_sub_fetch(&behind_bytes, need, __ATOMIC_ACQ_REL);
         __atomic_store_n(&rec->seq, 0, __ATOMIC_RELEASE);

@@ -119,7 +119,6 @@ void dir_attrs_taking(const char *mem, size_t len)
 int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len)
 {
     const struct fuse_in_header *in = (const void *)mem;
-    struct fuse_out_header head;
     struct slot *s;
     int answered = 0;
 
@@ -128,13 +127,7 @@ int dir_attrs_answer(struct fuse_session *se, const char *mem, size_t len)
     pthread_mutex_lock(&table_lock);
     s = &table[in->nodeid % SLOTS];
     if (s->ino != 0 && s->ino == in->nodeid) {
-        struct iovec iov[2] = {{&head, sizeof(head)}, {&s->out, sizeof(s->out)}};
-
-        head.len = sizeof(head) + sizeof(s->out);
-        head.error = 0;
-        head.unique = in->unique;
-        /* an error means the kernel gave the request up (interrupted): nothing to do */
-        (void)!writev(real_fd(se), iov, 2);
+        (void)reply_raw(se, in->unique, &s->out, sizeof(s->out));  /* (else interrupted) */
         fastpath_dir_attrs_answered++;
         answered = 1;
     }

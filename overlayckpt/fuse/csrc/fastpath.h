@@ -143,6 +143,9 @@ void queue_stop(void);
 int queue_started(void);
 int in_reader_thread(void);
 
+/* queue.c: the reader thread's answers (names.c, dirattrs.c, behind.c) */
+int reply_raw(struct fuse_session *se, uint64_t unique, const void *data, size_t size);
+
 /* behind.c */
 extern int behind_count;  /* used only by pyfuse3's thread */
 void acknowledge_write(struct fuse_session *se, char *mem, size_t len, uint64_t arrival);

@@ -295,16 +295,6 @@ static struct fuse_direntplus *find(const struct listing *l, const char *name, s
     return NULL;
 }
 
-static void reply(struct fuse_session *se, uint64_t unique, const void *data, size_t size)
-{
-    struct fuse_out_header head = {.len = (uint32_t)(sizeof(head) + size), .error = 0,
-                                   .unique = unique};
-    struct iovec iov[2] = {{&head, sizeof(head)}, {(void *)data, size}};
-
-    /* an error means the kernel gave the request up (interrupted): nothing to do */
-    (void)!writev(real_fd(se), iov, 2);
-}
-
 /* The reader thread: answer a LOOKUP of a name in a published listing; 0 if it cannot
  * (a name it lacks goes to Python too: the listing may be older than the name). */
 int names_answer(struct fuse_session *se, const char *mem, size_t len)
@@ -324,7 +314,7 @@ int names_answer(struct fuse_session *se, const char *mem, size_t len)
     l = listing_of(in->nodeid);
     if (l != NULL && unchanged(l->dir, l->stamp) && (d = find(l, name, nlen)) != NULL &&
         unchanged(d->dirent.ino, l->stamp)) {
-        reply(se, in->unique, &d->entry_out, sizeof(d->entry_out));
+        (void)reply_raw(se, in->unique, &d->entry_out, sizeof(d->entry_out));
         fastpath_names_answered++;
         answered = 1;
     }
@@ -378,7 +368,7 @@ int listing_answer(struct fuse_session *se, const char *mem, size_t len)
         ;
     if (to == from && from < l->count)
         goto out;  /* (a buffer too small for one entry: Python's to answer) */
-    reply(se, in->unique, l->buf + l->starts[from], l->starts[to] - l->starts[from]);
+    (void)reply_raw(se, in->unique, l->buf + l->starts[from], l->starts[to] - l->starts[from]);
     fastpath_listings_answered++;
     answered = 1;
 out:
@@ -432,7 +422,7 @@ int attrs_answer(struct fuse_session *se, const char *mem, size_t len)
     pthread_mutex_lock(&names_lock);
     s = attr_slot(in->nodeid);
     if (s->ino == in->nodeid && unchanged(s->ino, s->stamp)) {
-        reply(se, in->unique, &s->out, sizeof(s->out));
+        (void)reply_raw(se, in->unique, &s->out, sizeof(s->out));
         fastpath_attrs_answered++;
         answered = 1;
     }

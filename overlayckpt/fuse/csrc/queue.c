@@ -88,6 +88,17 @@ int fastpath_serve_promptly(void)
     return (int)syscall(SYS_sched_setattr, 0, &attr, 0);
 }
 
+/* The reader thread's own answer to request unique: data after a successful header.
+ * Whether the kernel took it whole; if not, it gave the request up (interrupted). */
+int reply_raw(struct fuse_session *se, uint64_t unique, const void *data, size_t size)
+{
+    struct fuse_out_header head = {.len = (uint32_t)(sizeof(head) + size), .error = 0,
+                                   .unique = unique};
+    struct iovec iov[2] = {{&head, sizeof(head)}, {(void *)data, size}};
+
+    return writev(real_fd(se), iov, 2) == (ssize_t)head.len;
+}
+
 static void *read_requests(void *arg)
 {
     struct fuse_session *se = arg;
