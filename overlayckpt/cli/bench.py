@@ -199,10 +199,7 @@ class Scratch:
             except (UserError, OSError):
                 subprocess.run(["fusermount3", "-uz", self.mnt], check=False, capture_output=True)
         if pid:
-            deadline = time.monotonic() + DAEMON_EXIT_WAIT
-            while client.pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if client.pid_alive(pid):  # (the daemon we started; it ignored the unmount)
+            if not client.wait_gone(pid, DAEMON_EXIT_WAIT):  # (the daemon we started; it ignored the unmount)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if self._mounted():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import time
 
 from overlayckpt.errors import PartlyDone, UserError
@@ -153,6 +154,25 @@ def pid_alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait, at most timeout seconds, until process pid has exited; whether it has. Its
+    pidfd says so the moment it does (an unmount waits for the daemon to close the store),
+    where looking every 20 ms cost each unmount 10 ms on average."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (no pidfd here: look)
+        deadline = time.monotonic() + timeout
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not pid_alive(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def is_stale(path: str) -> bool:
