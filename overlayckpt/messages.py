@@ -426,6 +426,7 @@ class KernelStatus(TypedDict):
     repo_read_ahead: Mapping[str, object] | None  # how far the repo's read-ahead got
     dir_attrs_from_c: NotRequired[int]
     names_from_c: NotRequired[int]
+    absent_from_c: NotRequired[int]  # (of names_from_c: answered as no such name)
     listings_from_c: NotRequired[int]
     attrs_from_c: NotRequired[int]
     kernel_invalidation: NotRequired[str]  # "epoch" or "entries"

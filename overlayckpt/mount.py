@@ -97,6 +97,7 @@ class Kernel:
         return {"kernel_dir_cache": fastpath.active(), "repo_read_ahead": fastpath.read_ahead(),
                 "dir_attrs_from_c": fastpath.dir_attrs_answered(),
                 "names_from_c": fastpath.names_answered(),
+                "absent_from_c": fastpath.absent_answered(),
                 "listings_from_c": fastpath.listings_answered(),
                 "attrs_from_c": fastpath.attrs_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}

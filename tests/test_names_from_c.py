@@ -48,9 +48,9 @@ def copy_tree(src: Path, dest: Path) -> None:
     subprocess.run(["cp", "-a", str(src), str(dest)], check=True)
 
 
-def counters(m: Mount) -> tuple[int, int]:
+def counters(m: Mount) -> tuple[int, int, int]:
     s = m.ctl_ok({"cmd": "status"})
-    return s["names_from_c"], s["listings_from_c"]
+    return s["names_from_c"], s["listings_from_c"], s["absent_from_c"]
 
 
 def shape(path: Path) -> tuple:
@@ -70,16 +70,22 @@ def tree(root: Path) -> dict[str, tuple]:
     return out
 
 
-def walk_by_path(m: Mount, native: Path) -> None:
+def walk_by_path(m: Mount, native: Path, names: tuple[str, ...] = ()) -> None:
     """lstat every native path on the mount, names forgotten first (writes perhaps not
-    stored yet): LOOKUPs only."""
+    stored yet): LOOKUPs only. Then look up each of names in every directory: there on
+    the mount where there natively (C answers those a listing lacks as absent)."""
     forget_names(sync=False)
-    for rel, want in tree(native).items():
+    found = tree(native)
+    for rel, want in found.items():
         p = m.mnt / rel
         assert shape(p) == want, rel
         assert attrs(p) == synced(p), f"{rel}: the lookup's attributes are not Python's"
     for rel in ("no-such-name", "src/no-such-name"):
         assert not (m.mnt / rel).exists()
+    for d in [""] + [rel for rel, want in found.items() if stat.S_ISDIR(want[0])]:
+        for name in names:
+            rel = os.path.join(d, name)
+            assert os.path.lexists(m.mnt / rel) == (rel in found), f"{rel}: there or not"
 
 
 def walk_by_listing(m: Mount, native: Path) -> None:
@@ -191,9 +197,9 @@ def test_published_names_answer_as_python_does(mounted: Mount) -> None:
         (m.mnt / "many" / name).write_text(name)
     os.listdir(m.mnt / "many")  # (Python lists it: READDIRPLUS, published)
     forget_names()
-    names_before, listings_before = counters(m)
+    names_before, listings_before, _ = counters(m)
     got = {name: attrs(m.mnt / "many" / name) for name in names}
-    names_after, _ = counters(m)
+    names_after, _, _ = counters(m)
     assert names_after - names_before >= len(names) - 2  # (the first lookups may be Python's)
     for name in names:
         assert got[name] == synced(m.mnt / "many" / name), name
@@ -231,13 +237,45 @@ def test_no_change_leaves_an_answer_stale(mounted: Mount, tmp_path: Path, seed: 
     for i in range(60):
         done.append(twins.step())
         if i % 4 == 3:
-            walk = walk_by_path if i % 8 == 3 else walk_by_listing
             try:
-                walk(m, native)
+                if i % 8 == 3:  # (every name ever made, looked up everywhere)
+                    walk_by_path(m, native, tuple(f"n{k}" for k in range(1, twins.n + 1)))
+                else:
+                    walk_by_listing(m, native)
             except AssertionError as e:
                 raise AssertionError(f"after {done}: {e}") from None
     after = counters(m)
     assert after[0] > before[0] and after[1] > before[1], "C answered no lookup or listing"
+    assert after[2] > before[2], "C answered no lookup of an absent name"
+
+
+def test_a_name_made_after_its_listing_is_never_absent(mounted: Mount) -> None:
+    """Names made, linked and renamed into a published directory, then looked up with the
+    kernel's names forgotten, as a create burst's next lookups are: the listing C answers
+    absent names from is stale from the first change on."""
+    m = mounted
+    d = m.mnt / "src"
+    os.listdir(d)  # (published)
+    before = counters(m)
+    assert not os.path.lexists(d / "new0")
+    assert counters(m)[2] == before[2] + 1, "C did not answer an absent name"
+    made: list[Path] = []
+    for i in range(24):
+        os.listdir(d)  # (published again, then made stale)
+        if i % 3 == 0:
+            os.close(os.open(d / f"new{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            made.append(d / f"new{i}")
+        elif i % 3 == 1:
+            os.link(made[-1], d / f"link{i}")
+            made.append(d / f"link{i}")
+        else:
+            (m.mnt / f"elsewhere{i}").write_bytes(b"x")
+            os.rename(m.mnt / f"elsewhere{i}", d / f"moved{i}")
+            made.append(d / f"moved{i}")
+        forget_names(sync=False)
+        for p in made:
+            assert os.path.lexists(p), f"{p.name} made, then answered absent"
+        assert not os.path.lexists(d / f"new{i + 1}")
 
 
 def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: MountFactory,

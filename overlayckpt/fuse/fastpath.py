@@ -341,6 +341,13 @@ def names_answered() -> int:
     return ctypes.c_uint64.in_dll(_lib, "fastpath_names_answered").value
 
 
+def absent_answered() -> int:
+    """How many of those LOOKUPs C answered as no such name (a name the listing lacks)."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_absent_answered").value
+
+
 def attrs_answered() -> int:
     """How many GETATTRs C answered from what publish_attrs published."""
     if _lib is None:

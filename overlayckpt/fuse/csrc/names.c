@@ -59,7 +59,8 @@ static uint64_t touched[TOUCH_SLOTS];  /* by hash of inode: the clock when it la
 static struct listing *listings[LISTING_SLOTS];
 static size_t listings_bytes;
 static uint64_t listings_made;
-uint64_t fastpath_names_answered, fastpath_listings_answered, fastpath_attrs_answered;
+uint64_t fastpath_names_answered, fastpath_absent_answered, fastpath_listings_answered,
+    fastpath_attrs_answered;
 
 #define ATTR_SLOTS_BITS 17  /* 16 MiB of address space, touched only where published */
 struct attr_slot {
@@ -295,8 +296,19 @@ static struct fuse_direntplus *find(const struct listing *l, const char *name, s
     return NULL;
 }
 
-/* The reader thread: answer a LOOKUP of a name in a published listing; 0 if it cannot
- * (a name it lacks goes to Python too: the listing may be older than the name). */
+/* Whether a name a listing lacks is one Python answers "no such name" for: not ".",
+ * "..", one too long (ENAMETOOLONG), or one in the root (the control directory's name
+ * is in no listing). */
+static int absent_answerable(uint64_t dir, const char *name, size_t len)
+{
+    return dir != FUSE_ROOT_ID && len <= 255 && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* The reader thread: answer a LOOKUP of a name in a published listing; 0 if it cannot.
+ * A name the listing lacks is answered as absent, cached by the kernel as long as the
+ * directory's own entry: while the directory is unchanged since the listing, no name
+ * was added to it (a new name stamps its directory as its request arrives, and Python
+ * as it commits; the repo changes only through apply and export, which stamp all). */
 int names_answer(struct fuse_session *se, const char *mem, size_t len)
 {
     const struct fuse_in_header *in = (const void *)mem;
@@ -312,11 +324,21 @@ int names_answer(struct fuse_session *se, const char *mem, size_t len)
     nlen = strnlen(name, nlen);
     pthread_mutex_lock(&names_lock);
     l = listing_of(in->nodeid);
-    if (l != NULL && unchanged(l->dir, l->stamp) && (d = find(l, name, nlen)) != NULL &&
-        unchanged(d->dirent.ino, l->stamp)) {
-        (void)reply_raw(se, in->unique, &d->entry_out, sizeof(d->entry_out));
-        fastpath_names_answered++;
-        answered = 1;
+    if (l != NULL && unchanged(l->dir, l->stamp)) {
+        d = find(l, name, nlen);
+        if (d != NULL && unchanged(d->dirent.ino, l->stamp)) {
+            (void)reply_raw(se, in->unique, &d->entry_out, sizeof(d->entry_out));
+            answered = 1;
+        } else if (d == NULL && absent_answerable(l->dir, name, nlen)) {
+            struct fuse_entry_out none = {0};  /* nodeid 0: no such name, for entry_valid */
+
+            none.entry_valid = entry(l, 0)->entry_out.entry_valid;
+            none.entry_valid_nsec = entry(l, 0)->entry_out.entry_valid_nsec;
+            (void)reply_raw(se, in->unique, &none, sizeof(none));
+            fastpath_absent_answered++;
+            answered = 1;
+        }
+        fastpath_names_answered += answered;
     }
     pthread_mutex_unlock(&names_lock);
     return answered;
