@@ -272,10 +272,45 @@ def test_a_name_made_after_its_listing_is_never_absent(mounted: Mount) -> None:
             (m.mnt / f"elsewhere{i}").write_bytes(b"x")
             os.rename(m.mnt / f"elsewhere{i}", d / f"moved{i}")
             made.append(d / f"moved{i}")
+        # then a name made as a burst makes it: C may take it into the listing only if
+        # nothing else changed the directory since it was whole
+        os.close(os.open(d / f"after{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        made.append(d / f"after{i}")
         forget_names(sync=False)
         for p in made:
             assert os.path.lexists(p), f"{p.name} made, then answered absent"
         assert not os.path.lexists(d / f"new{i + 1}")
+    # a name a restore brings back (no request C saw made it), then one made as a burst
+    (d / "back").write_bytes(b"b")
+    ck = m.ctl_ok({"cmd": "checkpoint", "name": "with-back"})["id"]
+    os.unlink(d / "back")
+    os.listdir(d)  # (published without it)
+    m.ctl_ok({"cmd": "restore", "id": ck})
+    os.close(os.open(d / "after-restore", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    forget_names(sync=False)
+    assert os.path.lexists(d / "back"), "a name the restore brought back answered absent"
+
+
+def test_a_create_burst_has_its_next_names_answered_in_c(mounted: Mount) -> None:
+    """Files made one after another in a new directory, and in a listed one: each new
+    name's lookup is answered in C as absent (names.c: the listing takes each name
+    made), and afterwards every name is there and no other."""
+    m = mounted
+    for d in (m.mnt / "burst", m.mnt / "src"):
+        if not d.exists():
+            d.mkdir()  # (made by Python: published empty)
+        os.listdir(d)
+        names = sorted(os.listdir(d)) + [f"new{i}" for i in range(50)]
+        before = counters(m)
+        for name in names[-50:]:
+            os.close(os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        assert counters(m)[2] - before[2] >= 45, "C answered few of the burst's lookups"
+        forget_names()
+        assert sorted(os.listdir(d)) == sorted(names)
+        forget_names()
+        for name in names:
+            assert os.path.lexists(d / name), name
+        assert not os.path.lexists(d / "new50")
 
 
 def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: MountFactory,

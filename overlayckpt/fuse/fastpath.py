@@ -98,6 +98,8 @@ def preload() -> None:
     lib.fastpath_publish_attrs.restype = ctypes.c_size_t
     lib.fastpath_publish_listing.argtypes = [u64, u64, ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_publish_listing.restype = ctypes.c_int
+    lib.fastpath_listing_add.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_listing_add.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
@@ -332,6 +334,14 @@ def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes
         return False
     buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
     return bool(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
+
+
+def listing_added(ino: int, name: bytes) -> bool:
+    """Python made name in directory ino (its commit is done, its reply not sent): C's
+    listing of ino has it from now on, if nothing else changed ino since the request
+    arrived (names.c: then C answers the next name's lookup, as a create burst asks it,
+    as absent). Whether C took it."""
+    return _lib is not None and bool(_lib.fastpath_listing_add(ino, name, len(name)))
 
 
 def names_answered() -> int:

@@ -269,7 +269,17 @@ class Operations(pyfuse3.Operations):
         made = self.ov.create(caller, parent, name, mode, ctx.uid, ctx.gid, rdev, target)
         self.writers.wrote(made[0], caller)
         self._changed_dirs(parent)
+        self._named(parent, name)
+        if stat.S_ISDIR(mode) and fastpath.loaded():  # (its names all known: none)
+            stamp, listing = self._read_for_c(lambda r: self._list(r, made[0]))
+            fastpath.publish_dir(stamp, made[0], listing)
         return made
+
+    def _named(self, parent: int, name: bytes) -> None:
+        """name was made in parent: C's listing of parent, if whole, has it now (a create
+        burst's next lookup, of a name not made yet, is answered in C: names.c)."""
+        if fastpath.loaded():
+            fastpath.listing_added(parent, name)
 
     def _changed_dirs(self, *inos: int) -> None:
         """Have C answer the GETATTRs of these directories, which this request changed:
@@ -319,6 +329,7 @@ class Operations(pyfuse3.Operations):
         self._no_control(parent_inode_new)
         self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
         self._changed_dirs(*{parent_inode_old, parent_inode_new})
+        self._named(parent_inode_new, name_new)
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
@@ -327,6 +338,7 @@ class Operations(pyfuse3.Operations):
         self._no_control(new_parent_inode)
         node = self.ov.link(self._caller(ctx), inode, new_parent_inode, new_name)
         self._changed_dirs(new_parent_inode)
+        self._named(new_parent_inode, new_name)
         return self._attrs(inode, node)
 
     # -- files ----------------------------------------------------------------

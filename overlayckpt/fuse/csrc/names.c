@@ -30,6 +30,15 @@
  * while C has acknowledged a write Python has not taken yet (behind.c): its arrival
  * may predate the clock Python read, and its content is not in what Python read.
  *
+ * A create burst (an install, an unpacked archive) looks up each new name before it
+ * makes it, and each make changes the directory; so does an editor's save (a temporary
+ * name made, then renamed over the file). So a request that makes a name in a
+ * directory whose listing is whole is noted as it arrives; when Python has committed
+ * it, and nothing else touched the directory since (counted, per stamp slot), Python
+ * adds the name (fastpath_listing_add) and the listing's names are whole again: C
+ * answers the next name's lookup as absent. The names added are kept beside the
+ * listing and go to Python; a directory Python makes starts with an empty listing.
+ *
  * The same clock keeps inodes' attributes (by hash of inode, a fixed table): a restore
  * makes the kernel drop the attributes of every inode it changed, and a walk after it
  * asks a GETATTR of each. Python answers the first of a run and publishes the next
@@ -41,10 +50,15 @@
 #define LISTINGS_MAX_BYTES (32u << 20)     /* beyond it they all go, and come back as read */
 #define LISTING_MARK (1ULL << 63)          /* in an offset: C's; Python's numbers are below 2^31 */
 #define TOUCH_SLOTS (1u << 16)
+#define ADDED_MOST 1024u                   /* names added to one listing since published */
 
 struct listing {
     uint64_t dir;
-    uint64_t stamp;    /* the clock when Python began to read it */
+    uint64_t stamp;    /* the clock when Python began to read it: its entries' attributes */
+    uint64_t names_stamp;  /* the clock until which its names and added are all of dir's */
+    uint64_t pending;  /* a new name's request arrived: dir's slot's touches then; or 0 */
+    uint32_t added_count;
+    char **added;      /* names made in it since (sorted as memcmp sorts; Python answers them) */
     uint64_t number;   /* 31 bits, in the offsets C hands out */
     uint32_t count;    /* entries: ".", "..", then the names, sorted */
     size_t size;
@@ -56,6 +70,7 @@ static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t names_clock = 1;       /* moved under names_lock, read atomically */
 static uint64_t changed_all;           /* the clock when everything last changed */
 static uint64_t touched[TOUCH_SLOTS];  /* by hash of inode: the clock when it last changed */
+static uint64_t touches[TOUCH_SLOTS];  /* and how many times it was stamped */
 static struct listing *listings[LISTING_SLOTS];
 static size_t listings_bytes;
 static uint64_t listings_made;
@@ -70,9 +85,21 @@ struct attr_slot {
 };
 static struct attr_slot *attr_table;  /* allocated at the first publication, then kept */
 
+static inline uint32_t slot_of(uint64_t ino)
+{
+    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> 48);
+}
+
 static inline uint64_t *touch_slot(uint64_t ino)
 {
-    return &touched[(ino * 0x9E3779B97F4A7C15ULL) >> 48];
+    return &touched[slot_of(ino)];
+}
+
+/* With names_lock held: ino changed at clock now. */
+static inline void touch_one(uint64_t ino, uint64_t now)
+{
+    touched[slot_of(ino)] = now;
+    touches[slot_of(ino)]++;
 }
 
 /* With names_lock held: whether nothing of ino changed after stamp. */
@@ -110,7 +137,7 @@ void fastpath_names_touch(const uint64_t *inos, size_t count)
     pthread_mutex_lock(&names_lock);
     now = __atomic_add_fetch(&names_clock, 1, __ATOMIC_ACQ_REL);
     for (size_t i = 0; i < count; i++)
-        *touch_slot(inos[i]) = now;
+        touch_one(inos[i], now);
     pthread_mutex_unlock(&names_lock);
 }
 
@@ -119,6 +146,35 @@ static void touch_two(uint64_t a, uint64_t b)
     uint64_t inos[2] = {a, b};
 
     fastpath_names_touch(inos, b ? 2 : 1);
+}
+
+static struct listing *listing_of(uint64_t dir);
+
+/* With names_lock held: whether l's names (and added) are all of its directory's now. */
+static inline int names_whole(const struct listing *l)
+{
+    return l->names_stamp >= changed_all && unchanged(l->dir, l->names_stamp);
+}
+
+/* A request that makes a name in dir arrives (other: the inode a link names, the
+ * directory a rename moves from, or 0):
+ * stamp them, and note whether dir's listing was whole until now (fastpath_listing_add). */
+static void name_arriving(uint64_t dir, uint64_t other)
+{
+    struct listing *l;
+    int whole;
+    uint64_t now;
+
+    pthread_mutex_lock(&names_lock);
+    l = listing_of(dir);
+    whole = l != NULL && names_whole(l);
+    now = __atomic_add_fetch(&names_clock, 1, __ATOMIC_ACQ_REL);
+    touch_one(dir, now);
+    if (other)
+        touch_one(other, now);
+    if (l != NULL)
+        l->pending = whole ? touches[slot_of(dir)] : 0;
+    pthread_mutex_unlock(&names_lock);
 }
 
 /* The reader thread, as each request arrives: stamp what it may change (the inodes it
@@ -148,22 +204,34 @@ void names_arriving(const char *mem, size_t len)
             return;
         touch_two(in->nodeid, 0);
         return;
-    /* the directory of a new or removed name, the file changed */
-    case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK: case FUSE_UNLINK:
-    case FUSE_RMDIR: case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR:
+    /* the directory of a new name */
+    case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_SYMLINK:
+        name_arriving(in->nodeid, 0);
+        return;
+    /* and the file it links */
+    case FUSE_LINK:
+        if (arglen >= sizeof(struct fuse_link_in)) {
+            name_arriving(in->nodeid, ((const struct fuse_link_in *)arg)->oldnodeid);
+            return;
+        }
+        break;
+    /* the directory of a removed name, the file changed */
+    case FUSE_UNLINK: case FUSE_RMDIR: case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR:
     case FUSE_REMOVEXATTR: case FUSE_FALLOCATE:
         touch_two(in->nodeid, 0);
         return;
-    /* and the inode in the argument: where a rename moves to, the file a link names */
-    case FUSE_RENAME:
-        second = offsetof(struct fuse_rename_in, newdir), need = sizeof(struct fuse_rename_in);
+    /* a rename: the directory it moves to gets a name, the one it moves from changes */
+    case FUSE_RENAME: case FUSE_RENAME2:
+        if (arglen >= (in->opcode == FUSE_RENAME ? sizeof(struct fuse_rename_in)
+                                                 : sizeof(struct fuse_rename2_in))) {
+            uint64_t newdir;
+
+            memcpy(&newdir, arg + offsetof(struct fuse_rename_in, newdir), sizeof(newdir));
+            name_arriving(newdir, newdir == in->nodeid ? 0 : in->nodeid);
+            return;
+        }
         break;
-    case FUSE_RENAME2:
-        second = offsetof(struct fuse_rename2_in, newdir), need = sizeof(struct fuse_rename2_in);
-        break;
-    case FUSE_LINK:
-        second = offsetof(struct fuse_link_in, oldnodeid), need = sizeof(struct fuse_link_in);
-        break;
+    /* and the inode in the argument: the file copied into */
     case FUSE_COPY_FILE_RANGE:
         second = offsetof(struct fuse_copy_file_range_in, nodeid_out);
         need = sizeof(struct fuse_copy_file_range_in);
@@ -181,10 +249,19 @@ void names_arriving(const char *mem, size_t len)
     fastpath_names_changed();
 }
 
+/* names_arriving, exported: tests/test_names_pending.py drives a request's arrival and
+ * Python's side in the order a race would, with no mount. */
+void fastpath_names_arriving(const char *mem, size_t len) { names_arriving(mem, len); }
+
 static void listing_free(struct listing **slot)
 {
     if (*slot != NULL) {
         listings_bytes -= (*slot)->size + ((*slot)->count + 1) * sizeof(uint32_t);
+        for (uint32_t i = 0; i < (*slot)->added_count; i++) {
+            listings_bytes -= 2 + (unsigned char)(*slot)->added[i][0];
+            free((*slot)->added[i]);
+        }
+        free((*slot)->added);
         free((*slot)->starts);
         free(*slot);
         *slot = NULL;
@@ -223,7 +300,10 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
         return 0;
     }
     l->dir = dir;
-    l->stamp = stamp;
+    l->stamp = l->names_stamp = stamp;
+    l->pending = 0;
+    l->added_count = 0;
+    l->added = NULL;
     l->count = count;
     l->size = size;
     at = size = 0;
@@ -272,6 +352,14 @@ static struct listing *listing_of(uint64_t dir)
     return l != NULL && l->dir == dir ? l : NULL;
 }
 
+/* How name a (alen bytes) sorts against b, as memcmp sorts, the shorter first. */
+static int name_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+
+    return c != 0 ? c : alen < blen ? -1 : alen > blen;
+}
+
 /* With names_lock held: the entry of l named name (its names, after "." and "..", are
  * sorted as memcmp sorts), or NULL. */
 static struct fuse_direntplus *find(const struct listing *l, const char *name, size_t len)
@@ -281,11 +369,8 @@ static struct fuse_direntplus *find(const struct listing *l, const char *name, s
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         struct fuse_direntplus *d = entry(l, mid);
-        size_t n = d->dirent.namelen < len ? d->dirent.namelen : len;
-        int c = memcmp(d->dirent.name, name, n);
+        int c = name_cmp(d->dirent.name, d->dirent.namelen, name, len);
 
-        if (c == 0)
-            c = d->dirent.namelen < len ? -1 : d->dirent.namelen > len;
         if (c == 0)
             return d;
         if (c < 0)
@@ -294,6 +379,74 @@ static struct fuse_direntplus *find(const struct listing *l, const char *name, s
             hi = mid;
     }
     return NULL;
+}
+
+/* With names_lock held: where name is, or would go, in l's added names (each a length
+ * byte, then the name); *found says whether it is there. */
+static uint32_t added_at(const struct listing *l, const char *name, size_t len, int *found)
+{
+    uint32_t lo = 0, hi = l->added_count;
+
+    *found = 0;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const char *a = l->added[mid];
+        int c = name_cmp(a + 1, (unsigned char)a[0], name, len);
+
+        if (c == 0) {
+            *found = 1;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Python: name (len bytes) was made in dir by the commit that followed the request
+ * name_arriving noted, and that commit alone touched dir's slot since: add it to the
+ * listing, whose names are whole again. 1 if taken (else the listing stays stale). */
+int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
+{
+    struct listing *l;
+    int ok, found;
+    uint32_t at;
+    char *copy, **grown;
+
+    if (len == 0 || len > 255)
+        return 0;
+    pthread_mutex_lock(&names_lock);
+    l = listing_of(dir);
+    ok = l != NULL && l->pending != 0 && touches[slot_of(dir)] == l->pending + 1 &&
+         l->names_stamp >= changed_all && l->added_count < ADDED_MOST &&
+         listings_bytes + len + 2 <= LISTINGS_MAX_BYTES;
+    if (ok) {
+        at = added_at(l, name, len, &found);
+        copy = found ? NULL : malloc(len + 2);
+        grown = found ? l->added : realloc(l->added, (l->added_count + 1) * sizeof(char *));
+        ok = found || (copy != NULL && grown != NULL);
+        if (grown != NULL)
+            l->added = grown;
+        if (ok && !found) {
+            copy[0] = (char)len;
+            memcpy(copy + 1, name, len);
+            copy[len + 1] = '\0';
+            memmove(l->added + at + 1, l->added + at, (l->added_count - at) * sizeof(char *));
+            l->added[at] = copy;
+            l->added_count++;
+            listings_bytes += len + 2;
+        } else if (!ok) {
+            free(copy);
+        }
+    }
+    if (ok)
+        l->names_stamp = __atomic_load_n(&names_clock, __ATOMIC_ACQUIRE);
+    if (l != NULL)
+        l->pending = 0;
+    pthread_mutex_unlock(&names_lock);
+    return ok;
 }
 
 /* Whether a name a listing lacks is one Python answers "no such name" for: not ".",
@@ -305,10 +458,11 @@ static int absent_answerable(uint64_t dir, const char *name, size_t len)
 }
 
 /* The reader thread: answer a LOOKUP of a name in a published listing; 0 if it cannot.
- * A name the listing lacks is answered as absent, cached by the kernel as long as the
- * directory's own entry: while the directory is unchanged since the listing, no name
- * was added to it (a new name stamps its directory as its request arrives, and Python
- * as it commits; the repo changes only through apply and export, which stamp all). */
+ * While the listing's names are whole (the directory unchanged since, but for names
+ * added), a name in it is answered while its inode is unchanged since it was read, and a
+ * name it lacks as absent, cached by the kernel as long as the directory's own entry: a
+ * new name stamps its directory as its request arrives, and Python as it commits; the
+ * repo changes only through apply and export, which stamp all. */
 int names_answer(struct fuse_session *se, const char *mem, size_t len)
 {
     const struct fuse_in_header *in = (const void *)mem;
@@ -324,12 +478,15 @@ int names_answer(struct fuse_session *se, const char *mem, size_t len)
     nlen = strnlen(name, nlen);
     pthread_mutex_lock(&names_lock);
     l = listing_of(in->nodeid);
-    if (l != NULL && unchanged(l->dir, l->stamp)) {
+    if (l != NULL && names_whole(l)) {
+        int added;
+
         d = find(l, name, nlen);
         if (d != NULL && unchanged(d->dirent.ino, l->stamp)) {
             (void)reply_raw(se, in->unique, &d->entry_out, sizeof(d->entry_out));
             answered = 1;
-        } else if (d == NULL && absent_answerable(l->dir, name, nlen)) {
+        } else if (d == NULL && (added_at(l, name, nlen, &added), !added) &&
+                   absent_answerable(l->dir, name, nlen)) {
             struct fuse_entry_out none = {0};  /* nodeid 0: no such name, for entry_valid */
 
             none.entry_valid = entry(l, 0)->entry_out.entry_valid;

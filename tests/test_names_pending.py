@@ -1,0 +1,141 @@
+"""Which names made in a directory C takes into its published listing (fuse/csrc/names.c,
+fastpath_listing_add), driven through the library with no mount: a request's arrival
+(as the reader thread sees it), Python's commit stamps and its add, in the orders a race
+between a create and anything else that changes the directory would give. A listing
+whose names are no longer whole must never take a name: it would answer as absent a name
+that something else made in the directory meanwhile.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Iterator
+
+import pyfuse3
+import pytest
+
+from overlayckpt.fuse import fastpath
+from overlayckpt.records import CONTROL_INO_BASE
+from test_fastpath_constants import library_path
+
+FUSE_CREATE, FUSE_UNLINK, FUSE_RENAME, FUSE_LINK = 35, 10, 12, 13
+IN_HEADER = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
+CREATE_IN = struct.Struct("<IIII")  # flags, mode, umask, open_flags
+ATTRS = pyfuse3.EntryAttributes
+
+
+@pytest.fixture
+def lib() -> Iterator[ctypes.CDLL]:
+    path = library_path()
+    if path is None:
+        pytest.fail("the fast path library is not built (run 'make install')")
+    lib = ctypes.CDLL(path)
+    lib.fastpath_configure(ctypes.c_uint64(CONTROL_INO_BASE))
+    lib.fastpath_names_clock.restype = ctypes.c_uint64
+    lib.fastpath_listing_add.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_publish_listing.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p,
+                                             ctypes.c_size_t]
+    lib.fastpath_names_touch.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    lib.fastpath_names_arriving.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    yield lib
+
+
+def entry(ino: int, mode: int) -> ATTRS:
+    a = ATTRS()
+    a.st_ino, a.st_mode, a.entry_timeout, a.attr_timeout = ino, mode, 3600.0, 3600.0
+    return a
+
+
+def publish(lib: ctypes.CDLL, d: int, names: list[bytes]) -> None:
+    listing = [(b".", entry(d, 0o40755)), (b"..", entry(1, 0o40755))]
+    listing += [(n, entry(d * 1000 + i, 0o100644)) for i, n in enumerate(sorted(names))]
+    buf = b"".join(struct.pack("<I", len(n)) + n + fastpath._entry_out(a) for n, a in listing)
+    assert lib.fastpath_publish_listing(lib.fastpath_names_clock(), d, buf, len(buf)) == 1
+
+
+def arrive(lib: ctypes.CDLL, opcode: int, d: int, arg: bytes) -> None:
+    mem = IN_HEADER.pack(IN_HEADER.size + len(arg), opcode, 7, d, 0, 0, 1, 0) + arg
+    lib.fastpath_names_arriving(mem, len(mem))
+
+
+def create(lib: ctypes.CDLL, d: int, name: bytes) -> None:
+    arrive(lib, FUSE_CREATE, d, CREATE_IN.pack(0, 0o100644, 0, 0) + name + b"\0")
+
+
+def commit(lib: ctypes.CDLL, *inodes: int) -> None:
+    """Python's commit: every inode whose records it wrote (Store.on_commit)."""
+    arr = (ctypes.c_uint64 * len(inodes))(*inodes)
+    lib.fastpath_names_touch(arr, len(inodes))
+
+
+def add(lib: ctypes.CDLL, d: int, name: bytes) -> bool:
+    return bool(lib.fastpath_listing_add(d, name, len(name)))
+
+
+def test_a_burst_is_taken_name_after_name(lib: ctypes.CDLL) -> None:
+    publish(lib, 501, [b"a", b"b"])
+    for i in range(40):
+        name = b"new%d" % i
+        create(lib, 501, name)
+        commit(lib, 501, 90000 + i)  # (the directory and the new inode)
+        assert add(lib, 501, name), i
+
+
+def test_nothing_is_taken_once_another_change_came_between(lib: ctypes.CDLL) -> None:
+    """A restore (or anything Python commits) touching the directory between a create's
+    arrival and its commit: the add is refused, and so is every later one."""
+    publish(lib, 502, [b"a"])
+    create(lib, 502, b"x")
+    commit(lib, 502)  # (a restore's commit, say: it added names to 502)
+    commit(lib, 502, 91000)
+    assert not add(lib, 502, b"x")
+    create(lib, 502, b"y")
+    commit(lib, 502, 91001)
+    assert not add(lib, 502, b"y")
+
+
+@pytest.mark.parametrize("opcode, arg", [
+    (FUSE_UNLINK, b"a\0"),
+    (FUSE_RENAME, struct.pack("<Q", 600) + b"a\0b\0"),  # (into another directory)
+])
+def test_a_removal_or_move_out_ends_it(lib: ctypes.CDLL, opcode: int, arg: bytes) -> None:
+    publish(lib, 503, [b"a"])
+    arrive(lib, opcode, 503, arg)
+    commit(lib, 503)
+    create(lib, 503, b"z")
+    commit(lib, 503, 92000)
+    assert not add(lib, 503, b"z")
+
+
+def test_a_rename_into_it_is_taken(lib: ctypes.CDLL) -> None:
+    """An editor's save: a temporary name made, then renamed over the file; and a name
+    moved in from another directory."""
+    publish(lib, 506, [b"a", b"f"])
+    create(lib, 506, b".f.tmp")
+    commit(lib, 506, 95000)
+    assert add(lib, 506, b".f.tmp")
+    arrive(lib, FUSE_RENAME, 506, struct.pack("<Q", 506) + b".f.tmp\0f\0")
+    commit(lib, 506, 95000, 506001)  # (the directory, the file moved, the one replaced)
+    assert add(lib, 506, b"f")
+    publish(lib, 507, [b"x"])
+    arrive(lib, FUSE_RENAME, 507, struct.pack("<Q", 506) + b"x\0y\0")
+    commit(lib, 506, 507, 95001)
+    assert add(lib, 506, b"y")
+    create(lib, 507, b"z")  # (507 lost a name C's listing of it still has)
+    commit(lib, 507, 95002)
+    assert not add(lib, 507, b"z")
+
+
+def test_a_name_made_without_its_arrival_is_refused(lib: ctypes.CDLL) -> None:
+    publish(lib, 504, [b"a"])
+    commit(lib, 504, 93000)
+    assert not add(lib, 504, b"m")
+    assert not add(lib, 999999, b"m")  # (no listing)
+
+
+def test_everything_changed_refuses(lib: ctypes.CDLL) -> None:
+    publish(lib, 505, [b"a"])
+    create(lib, 505, b"n")
+    lib.fastpath_names_changed()
+    commit(lib, 505, 94000)
+    assert not add(lib, 505, b"n")
