@@ -258,7 +258,7 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def forget(self, inode_list: Any) -> None:
-        return None
+        return None  # (nothing counts lookups: with the C library, forgets end there)
 
     # -- namespace ------------------------------------------------------------
 

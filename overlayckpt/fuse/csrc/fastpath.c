@@ -79,6 +79,8 @@ int request_is_fast(const char *mem, size_t len)
                open_is_fast(in->nodeid, ((const struct fuse_open_in *)arg)->flags);
     case FUSE_OPENDIR:
     case FUSE_IOCTL:
+    case FUSE_FORGET:
+    case FUSE_BATCH_FORGET:
         return 1;
     case FUSE_RELEASE:
         return arglen >= sizeof(struct fuse_release_in) &&
@@ -104,6 +106,23 @@ static void open_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         reply_cached_open(req, ino, fi);
     else
         py_open(req, ino, fi);
+}
+
+/* Python keeps no lookup counts (fuse/ops.py's forget does nothing): the kernel's
+   forgets end here, not one trip each through pyfuse3's loop (an rm -rf sends one per
+   file, between its unlinks). They have no reply. */
+static void forget_here(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+    (void)ino;
+    (void)nlookup;
+    fuse_reply_none(req);
+}
+
+static void forget_multi_here(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+    (void)count;
+    (void)forgets;
+    fuse_reply_none(req);
 }
 
 static void opendir_fast(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -232,5 +251,7 @@ const struct fuse_lowlevel_ops *fastpath_wrap(const struct fuse_lowlevel_ops *op
     ops.init = init_keep_written_pages;
     ops.read = read_timed;
     ops.fsync = fsync_timed;
+    ops.forget = forget_here;
+    ops.forget_multi = forget_multi_here;
     return &ops;
 }
