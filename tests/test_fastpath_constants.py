@@ -88,6 +88,11 @@ def test_kernel_handle(lib: ctypes.CDLL) -> None:
     assert c_u64(lib, "fastpath_KERNEL_HANDLE") == python_constant(KERNEL_HANDLE_IN, "KERNEL_HANDLE")
 
 
+def test_listing_mark(lib: ctypes.CDLL) -> None:
+    """The offsets Python hands out for a listing C took are C's (names.c)."""
+    assert c_u64(lib, "fastpath_LISTING_MARK") == python_constant(KERNEL_HANDLE_IN, "LISTING_MARK")
+
+
 def test_acknowledged_is_the_control_inode_base(lib: ctypes.CDLL) -> None:
     acknowledged = c_u64(lib, "fastpath_ACKNOWLEDGED")
     assert acknowledged == python_constant(CONTROL_INO_BASE_IN, "CONTROL_INO_BASE")

@@ -50,7 +50,7 @@ def publish(lib: ctypes.CDLL, d: int, names: list[bytes]) -> None:
     listing = [(b".", entry(d, 0o40755)), (b"..", entry(1, 0o40755))]
     listing += [(n, entry(d * 1000 + i, 0o100644)) for i, n in enumerate(sorted(names))]
     buf = b"".join(struct.pack("<I", len(n)) + n + fastpath._entry_out(a) for n, a in listing)
-    assert lib.fastpath_publish_listing(lib.fastpath_names_clock(), d, buf, len(buf)) == 1
+    assert lib.fastpath_publish_listing(lib.fastpath_names_clock(), d, buf, len(buf)) > 0
 
 
 def arrive(lib: ctypes.CDLL, opcode: int, d: int, arg: bytes) -> None:

@@ -325,15 +325,16 @@ def _entry_out(a: EntryAttributes) -> bytes:
                           a.st_gid, a.st_rdev, a.st_blksize, 0)
 
 
-def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes]]) -> bool:
+def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes]]) -> int:
     """Have C answer the LOOKUPs of directory ino's names and its READDIRPLUS (names.c)
     while nothing in it changes. listing: ".", "..", then its names sorted, with what
     Python answers for each (its readdir's listing), read at names_clock() stamp.
-    Whether C took it."""
+    The listing's number in C (the offset C gives each entry's successor is
+    LISTING_MARK | number << 32 | index + 1), or 0 if C did not take it."""
     if _lib is None or len(listing) > PUBLISH_MOST:
-        return False
+        return 0
     buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
-    return bool(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
+    return int(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
 
 
 def listing_added(ino: int, name: bytes) -> bool:

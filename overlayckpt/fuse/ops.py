@@ -41,8 +41,9 @@ CAPABILITY_XATTR = b"security.capability"
 # the fast path library is active: the inode number with this bit set. C hands them out for most
 # opens, Python for create and truncating opens; their release never reaches Python.
 KERNEL_HANDLE = 1 << 63
+LISTING_MARK = 1 << 62  # in a listing's offsets: C's numbering (fuse/csrc/names.c)
 # Directory listings are snapshots found by offset, not by handle: an offset carries
-# its snapshot's number (high 31 bits) and the index (low 32 bits), so a listing read
+# its snapshot's number (bits 32-61) and the index (low 32 bits), so a listing read
 # in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
@@ -507,15 +508,14 @@ class Operations(pyfuse3.Operations):
             out.append((name, self._attrs(child, cnode or self.ov.node(r, child))))
         return out
 
-    def _listing(self, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
+    def _listing(self, ino: int) -> tuple[Listing, int]:
         """ino's listing now, which C answers the next READDIRPLUS and lookups from while
-        nothing in it changes (fuse/csrc/names.c)."""
+        nothing in it changes (fuse/csrc/names.c), and its number there (0: not taken)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
         stamp, listing = self._read_for_c(lambda r: self._list(r, ino))
-        if fastpath.loaded():
-            fastpath.publish_dir(stamp, ino, listing)
-        return listing
+        number = fastpath.publish_dir(stamp, ino, listing) if fastpath.loaded() else 0
+        return listing, number
 
     def _read_for_c(self, fn: Callable[[Any], T]) -> tuple[int, T]:
         """fn on the live state, and the names clock read before it (fuse/csrc/names.c):
@@ -530,9 +530,15 @@ class Operations(pyfuse3.Operations):
         listing = self.snapshots.get(number) if start_id else None
         if listing is None:  # offset 0, or a snapshot dropped meanwhile: take it (again)
             ino = fh ^ KERNEL_HANDLE
-            listing = await self.ctl.listing(ino) if ino >= CONTROL_INO_BASE else self._listing(ino)
-            if not start_id:
-                self._next_snapshot = self._next_snapshot % 0x7FFFFFFF + 1
+            listing, published = (await self.ctl.listing(ino), 0) if ino >= CONTROL_INO_BASE \
+                else self._listing(ino)
+            if not start_id and published:
+                # C's offsets (names.c), so that C answers the READDIRPLUS that carry on
+                # (the one at the end, which returns nothing, among them); the snapshot
+                # is kept under the same number for those C can no longer answer
+                number = LISTING_MARK >> 32 | published
+            elif not start_id:
+                self._next_snapshot = self._next_snapshot % 0x3FFFFFFF + 1  # (below the mark)
                 number = self._next_snapshot
             self.snapshots[number] = listing
             if len(self.snapshots) > SNAPSHOTS_KEPT:

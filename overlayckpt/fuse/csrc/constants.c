@@ -6,6 +6,7 @@
 #include "fastpath.h"
 
 const uint64_t fastpath_KERNEL_HANDLE = KERNEL_HANDLE;
+const uint64_t fastpath_LISTING_MARK = LISTING_MARK;
 const uint64_t fastpath_ACKNOWLEDGED = ACKNOWLEDGED;
 const uint32_t fastpath_WRAPPED = WRAPPED;
 const uint32_t fastpath_LARGEST_WRITE_SHARE = LARGEST_WRITE_SHARE;

@@ -67,6 +67,10 @@
 /* -- shared with Python (constants.c exports them; the test compares) ---------- */
 
 #define KERNEL_HANDLE (1ULL << 63)  /* keep in step with fuse/ops.py KERNEL_HANDLE */
+/* in a listing's offset: numbered by C (names.c), the number in bits 32-61 (pyfuse3's
+   offsets are signed); fuse/ops.py LISTING_MARK, whose own numbers are below 2^30 */
+#define LISTING_MARK (1ULL << 62)
+#define LISTING_NUMBER 0x3fffffffULL
 #define ACKNOWLEDGED (1ULL << 62)   /* on a queued write's handle: answered already;
                                        records.CONTROL_INO_BASE, above every repo inode */
 

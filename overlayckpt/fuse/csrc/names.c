@@ -9,10 +9,12 @@
  * it publishes the listing here: ".", "..", then every name in its order (sorted),
  * each with what Python answers for it. The reader thread answers from it the
  * lookups of those names, and a READDIRPLUS from offset 0; it carries on from an
- * offset it handed out whatever changed since (its listing's number is in the
+ * offset of its listing whatever changed since (its listing's number is in the
  * offset): a listing read on is a snapshot, as Python's own are (fuse/ops.py
- * readdir). An offset of Python's, or of a listing replaced since, goes to Python,
- * which starts its own listing again at that index.
+ * readdir). Python hands out the same offsets when it answers a READDIRPLUS from a
+ * listing C took, so the ones that carry on (the last, at the end, returns nothing)
+ * are C's too. An offset of Python's own, or of a listing replaced since, goes to
+ * Python, which keeps its snapshot under that number.
  *
  * What keeps them exact: a clock, and the time each inode last changed. Every change
  * moves the clock and stamps the inodes it changes: the reader thread as a request
@@ -48,7 +50,6 @@
 
 #define LISTING_SLOTS (1u << 15)           /* by hash of directory inode; a collision replaces */
 #define LISTINGS_MAX_BYTES (32u << 20)     /* beyond it they all go, and come back as read */
-#define LISTING_MARK (1ULL << 63)          /* in an offset: C's; Python's numbers are below 2^31 */
 #define TOUCH_SLOTS (1u << 16)
 #define ADDED_MOST 1024u                   /* names added to one listing since published */
 
@@ -59,7 +60,7 @@ struct listing {
     uint64_t pending;  /* a new name's request arrived: dir's slot's touches then; or 0 */
     uint32_t added_count;
     char **added;      /* names made in it since (sorted as memcmp sorts; Python answers them) */
-    uint64_t number;   /* 31 bits, in the offsets C hands out */
+    uint64_t number;   /* 30 bits, in the offsets C hands out */
     uint32_t count;    /* entries: ".", "..", then the names, sorted */
     size_t size;
     uint32_t *starts;  /* each entry's record in buf; starts[count] == size */
@@ -270,12 +271,15 @@ static void listing_free(struct listing **slot)
 
 /* Python: directory dir's listing (".", "..", then its names, sorted) read at clock
  * stamp, each entry as u32 name length, the name, struct fuse_entry_out (fastpath.py
- * packs them). 1 if taken. */
+ * packs them). The listing's number if taken (1 to 2^30 - 1, in its offsets: Python
+ * hands out the same, so that C answers the READDIRPLUS that carry on, the last one
+ * at the end included), else 0. */
 int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size)
 {
     size_t at = 0, size = 0;
     uint32_t count = 0, len;
     struct listing *l;
+    int number;
 
     if (dir == 0 || dir >= cache_below)
         return 0;
@@ -331,7 +335,9 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
         free(l);
         return 0;
     }
-    l->number = ++listings_made & 0x7fffffff;
+    l->number = ++listings_made & LISTING_NUMBER;
+    if (l->number == 0)
+        l->number = ++listings_made & LISTING_NUMBER;
     for (uint32_t i = 0; i < count; i++)
         entry(l, i)->dirent.off = LISTING_MARK | (l->number << 32) | (i + 1);
     listing_free(listing_slot(dir));
@@ -340,8 +346,9 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
             listing_free(&listings[i]);
     *listing_slot(dir) = l;
     listings_bytes += size + (count + 1) * sizeof(uint32_t);
+    number = (int)l->number;
     pthread_mutex_unlock(&names_lock);
-    return 1;
+    return number;
 }
 
 /* With names_lock held: dir's listing, if one is published. */
@@ -537,7 +544,7 @@ int listing_answer(struct fuse_session *se, const char *mem, size_t len)
         if (!listing_unchanged(l))
             goto out;
         from = 0;
-    } else if ((off & LISTING_MARK) && ((off >> 32) & 0x7fffffff) == l->number &&
+    } else if ((off & LISTING_MARK) && ((off >> 32) & LISTING_NUMBER) == l->number &&
                (off & 0xffffffff) <= l->count) {
         from = (uint32_t)(off & 0xffffffff);
     } else {
