@@ -271,9 +271,10 @@ class Operations(pyfuse3.Operations):
         self.writers.wrote(made[0], caller)
         self._changed_dirs(parent)
         self._named(parent, name)
-        if stat.S_ISDIR(mode) and fastpath.loaded():  # (its names all known: none)
-            stamp, listing = self._read_for_c(lambda r: self._list(r, made[0]))
-            fastpath.publish_dir(stamp, made[0], listing)
+        if stat.S_ISDIR(mode) and fastpath.loaded():
+            # its listing, with no names: from what the commit wrote, read nothing again
+            fastpath.publish_dir(fastpath.names_clock(), made[0], [
+                (b".", self._attrs(*made)), (b"..", self._attrs(parent, self.ov.written(parent)))])
         return made
 
     def _named(self, parent: int, name: bytes) -> None:

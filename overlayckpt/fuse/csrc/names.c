@@ -48,9 +48,11 @@
  */
 #include "fastpath.h"
 
-#define LISTING_SLOTS (1u << 15)           /* by hash of directory inode; a collision replaces */
+#define LISTING_BITS 15                    /* by hash of directory inode; a collision replaces */
+#define LISTING_SLOTS (1u << LISTING_BITS)
 #define LISTINGS_MAX_BYTES (32u << 20)     /* beyond it they all go, and come back as read */
-#define TOUCH_SLOTS (1u << 16)
+#define TOUCH_BITS 16
+#define TOUCH_SLOTS (1u << TOUCH_BITS)
 #define ADDED_MOST 1024u                   /* names added to one listing since published */
 
 struct listing {
@@ -86,10 +88,13 @@ struct attr_slot {
 };
 static struct attr_slot *attr_table;  /* allocated at the first publication, then kept */
 
-static inline uint32_t slot_of(uint64_t ino)
+/* ino's slot in a table of 2^bits (Fibonacci hashing: neighbouring inodes spread). */
+static inline uint32_t slot_in(uint64_t ino, unsigned bits)
 {
-    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> 48);
+    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
 }
+
+static inline uint32_t slot_of(uint64_t ino) { return slot_in(ino, TOUCH_BITS); }
 
 static inline uint64_t *touch_slot(uint64_t ino)
 {
@@ -111,7 +116,7 @@ static inline int unchanged(uint64_t ino, uint64_t stamp)
 
 static inline struct listing **listing_slot(uint64_t dir)
 {
-    return &listings[(dir * 0x9E3779B97F4A7C15ULL) >> (64 - 15)];
+    return &listings[slot_in(dir, LISTING_BITS)];
 }
 
 static inline struct fuse_direntplus *entry(const struct listing *l, uint32_t i)
@@ -412,6 +417,37 @@ static uint32_t added_at(const struct listing *l, const char *name, size_t len, 
     return lo;
 }
 
+/* With names_lock held: whether name is among l's added names. */
+static int is_added(const struct listing *l, const char *name, size_t len)
+{
+    int found;
+
+    (void)added_at(l, name, len, &found);
+    return found;
+}
+
+/* With names_lock held: name (len bytes) into l's added names at at; 0 if out of memory. */
+static int added_insert(struct listing *l, uint32_t at, const char *name, size_t len)
+{
+    char **grown = realloc(l->added, (l->added_count + 1) * sizeof(char *));
+    char *copy = malloc(len + 2);
+
+    if (grown != NULL)
+        l->added = grown;
+    if (grown == NULL || copy == NULL) {
+        free(copy);
+        return 0;
+    }
+    copy[0] = (char)len;
+    memcpy(copy + 1, name, len);
+    copy[len + 1] = '\0';
+    memmove(l->added + at + 1, l->added + at, (l->added_count - at) * sizeof(char *));
+    l->added[at] = copy;
+    l->added_count++;
+    listings_bytes += len + 2;
+    return 1;
+}
+
 /* Python: name (len bytes) was made in dir by the commit that followed the request
  * name_arriving noted, and that commit alone touched dir's slot since: add it to the
  * listing, whose names are whole again. 1 if taken (else the listing stays stale). */
@@ -420,7 +456,6 @@ int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
     struct listing *l;
     int ok, found;
     uint32_t at;
-    char *copy, **grown;
 
     if (len == 0 || len > 255)
         return 0;
@@ -431,22 +466,7 @@ int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
          listings_bytes + len + 2 <= LISTINGS_MAX_BYTES;
     if (ok) {
         at = added_at(l, name, len, &found);
-        copy = found ? NULL : malloc(len + 2);
-        grown = found ? l->added : realloc(l->added, (l->added_count + 1) * sizeof(char *));
-        ok = found || (copy != NULL && grown != NULL);
-        if (grown != NULL)
-            l->added = grown;
-        if (ok && !found) {
-            copy[0] = (char)len;
-            memcpy(copy + 1, name, len);
-            copy[len + 1] = '\0';
-            memmove(l->added + at + 1, l->added + at, (l->added_count - at) * sizeof(char *));
-            l->added[at] = copy;
-            l->added_count++;
-            listings_bytes += len + 2;
-        } else if (!ok) {
-            free(copy);
-        }
+        ok = found || added_insert(l, at, name, len);
     }
     if (ok)
         l->names_stamp = __atomic_load_n(&names_clock, __ATOMIC_ACQUIRE);
@@ -486,14 +506,11 @@ int names_answer(struct fuse_session *se, const char *mem, size_t len)
     pthread_mutex_lock(&names_lock);
     l = listing_of(in->nodeid);
     if (l != NULL && names_whole(l)) {
-        int added;
-
         d = find(l, name, nlen);
         if (d != NULL && unchanged(d->dirent.ino, l->stamp)) {
             (void)reply_raw(se, in->unique, &d->entry_out, sizeof(d->entry_out));
             answered = 1;
-        } else if (d == NULL && (added_at(l, name, nlen, &added), !added) &&
-                   absent_answerable(l->dir, name, nlen)) {
+        } else if (d == NULL && !is_added(l, name, nlen) && absent_answerable(l->dir, name, nlen)) {
             struct fuse_entry_out none = {0};  /* nodeid 0: no such name, for entry_valid */
 
             none.entry_valid = entry(l, 0)->entry_out.entry_valid;
@@ -564,7 +581,7 @@ out:
 
 static inline struct attr_slot *attr_slot(uint64_t ino)
 {
-    return &attr_table[(ino * 0x9E3779B97F4A7C15ULL) >> (64 - ATTR_SLOTS_BITS)];
+    return &attr_table[slot_in(ino, ATTR_SLOTS_BITS)];
 }
 
 /* Python: count inodes' attributes (struct fuse_attr_out each, the inode in attr.ino),
