@@ -101,6 +101,10 @@ class Session:
         self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
         self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
+        # the sync point commands start as they answer (_sync_soon): one at a time, and
+        # whether another was asked for while it ran (it covers only what came before it)
+        self._syncing = False
+        self._sync_again = False
 
     @classmethod
     def open(cls, store_dir: str, repo: str | None = None, *, create: bool = False,
@@ -219,17 +223,33 @@ class Session:
         if durable is not None and durable(cmd):
             await make_durable(self.store)
         elif durable is not None or name in SYNC_SOON:  # (a durable command's other calls)
-            trio.lowlevel.spawn_system_task(self._sync_now)
+            self._sync_soon()
         timed = self.command_times.get(name)
         if timed is not None:
             timed.record(time.monotonic_ns() - started)
         return result
 
+    def _sync_soon(self) -> None:
+        """Start a sync point after the reply; while one runs, one more after it: a burst of
+        checkpoints costs two fdatasyncs and one worker thread, not one each, and no
+        thread is started on the request loop while another waits to sync."""
+        if self._syncing:
+            self._sync_again = True
+            return
+        self._syncing = True
+        trio.lowlevel.spawn_system_task(self._sync_now)
+
     async def _sync_now(self) -> None:
         try:
-            await make_durable(self.store)
+            while True:
+                self._sync_again = False
+                await make_durable(self.store)
+                if not self._sync_again:
+                    break
         except Exception as e:  # (a system task must not raise; the next sync point retries)
             log.warning("a sync point of the store failed: %s", e)
+        finally:
+            self._syncing = False
 
     def status(self) -> StatusReply:
         from overlayckpt.core.timeline import Timeline

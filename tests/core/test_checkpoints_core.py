@@ -375,6 +375,28 @@ async def test_a_named_checkpoint_is_durable_when_it_answers_an_unnamed_one_soon
             await trio.sleep(0.001)
 
 
+async def test_a_burst_of_unnamed_checkpoints_shares_its_sync_points(session: Session) -> None:
+    """An agent hook makes an unnamed checkpoint per tool call: while the sync point one
+    started waits on the disk, the next ones wait for a single one after it (each of
+    their own would be another fdatasync, and a worker thread started on the request
+    loop), and the last is durable all the same."""
+    store = session.store
+
+    def durable() -> bool:
+        return store._durable == store.env.info()["last_txnid"]
+
+    syncs = store._counter
+    with store._flush_lock:  # a slow disk: the first sync point waits
+        for i in range(20):
+            session.overlay.create(ME, ROOT_INO, b"f%d" % i, stat.S_IFREG | 0o644, 0, 0)
+            await session.command({"cmd": "checkpoint"})
+            await trio.sleep(0.001)  # (the sync point it started gets going)
+    with trio.fail_after(10):
+        while not durable() or session._syncing:
+            await trio.sleep(0.001)
+    assert store._counter - syncs == 2  # the one under way, then one for the rest
+
+
 def test_a_name_stored_before_the_rule_still_resolves_by_exact_lookup(session: Session) -> None:
     """"-1" or "a b" are refused now; a store that holds one keeps finding it by its own
     name, and ids stay ASCII digits: "１" and "²" never read as ids."""
