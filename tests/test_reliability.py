@@ -1361,7 +1361,17 @@ def daemon_busy(mnt: Path) -> Iterator[Callable[[], None]]:
     writes, so it runs on the loop's thread) while the body runs: writes made
     meanwhile are acknowledged by C and wait in its queue. The body calls what it is
     given, before it stops the daemon, to check that fsck still ran all along."""
-    (mnt / "ballast.bin").write_bytes(random.Random(8).randbytes(96 << 20))
+    with open(mnt / "ballast.bin", "wb") as f:
+        f.write(random.Random(8).randbytes(96 << 20))
+        # Writing it may have got the store too far ahead of a slow disk, which pauses
+        # write-behind until a write Python handles finds the disk caught up: the body's
+        # writes would then wait for fsck. The fsync catches the disk up, the byte after
+        # it turns write-behind on again if it was paused, and the second fsync stores
+        # the byte (the body counts the acknowledged writes a kill leaves in the log).
+        for last in (b"", b"\0"):
+            f.write(last)
+            f.flush()
+            os.fsync(f.fileno())
     ctl = os.open(mnt / ".overlayckpt" / "ctl", os.O_RDWR)
     tid: list[int] = []
 
