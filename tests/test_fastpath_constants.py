@@ -57,12 +57,17 @@ def library_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def lib() -> ctypes.CDLL:
+def load_library() -> ctypes.CDLL:
+    """The built library, loaded RTLD_LOCAL: it stands in for libfuse in no one's place."""
     path = library_path()
     if path is None:
         pytest.fail("the fast path library is not built (run 'make install')")
-    return ctypes.CDLL(path)  # RTLD_LOCAL: it stands in for libfuse in no one's place
+    return ctypes.CDLL(path)
+
+
+@pytest.fixture(scope="module")
+def lib() -> ctypes.CDLL:
+    return load_library()
 
 
 def c_u64(lib: ctypes.CDLL, name: str) -> int:

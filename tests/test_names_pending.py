@@ -16,7 +16,7 @@ import pytest
 
 from overlayckpt.fuse import fastpath
 from overlayckpt.records import CONTROL_INO_BASE
-from test_fastpath_constants import library_path
+from test_fastpath_constants import load_library
 
 FUSE_CREATE, FUSE_UNLINK, FUSE_RENAME, FUSE_LINK = 35, 10, 12, 13
 IN_HEADER = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
@@ -26,10 +26,7 @@ ATTRS = pyfuse3.EntryAttributes
 
 @pytest.fixture
 def lib() -> Iterator[ctypes.CDLL]:
-    path = library_path()
-    if path is None:
-        pytest.fail("the fast path library is not built (run 'make install')")
-    lib = ctypes.CDLL(path)
+    lib = load_library()
     lib.fastpath_configure(ctypes.c_uint64(CONTROL_INO_BASE))
     lib.fastpath_names_clock.restype = ctypes.c_uint64
     lib.fastpath_listing_add.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]

@@ -353,25 +353,26 @@ async def test_restore_of_a_directory_path_restores_its_subtree_only(
     assert after["README.md"][2].startswith(b"KEEP")
 
 
+def durable(store: Any) -> bool:
+    """Whether the newest snapshot is the one the last sync point recorded."""
+    return bool(store._durable == store.env.info()["last_txnid"])
+
+
 async def test_a_named_checkpoint_is_durable_when_it_answers_an_unnamed_one_soon_after(
         session: Session) -> None:
     """SPEC 3.1 keeps every named checkpoint whose command returned, and everything older
     than a few seconds: a named checkpoint waits for its sync point, an unnamed one (an
     agent hook's, per tool call) starts it as it answers."""
     store = session.store
-
-    def durable() -> bool:  # the newest snapshot is the one the sync point recorded
-        return store._durable == store.env.info()["last_txnid"]
-
     ov, a = session.overlay, ME
     ov.create(a, ROOT_INO, b"named.txt", stat.S_IFREG | 0o644, 0, 0)
     await session.command({"cmd": "checkpoint", "name": "kept"})
-    assert durable()
+    assert durable(store)
     ov.create(a, ROOT_INO, b"unnamed.txt", stat.S_IFREG | 0o644, 0, 0)
     await session.command({"cmd": "checkpoint"})
-    assert not durable()  # answered first
+    assert not durable(store)  # answered first
     with trio.fail_after(10):
-        while not durable():
+        while not durable(store):
             await trio.sleep(0.001)
 
 
@@ -381,10 +382,6 @@ async def test_a_burst_of_unnamed_checkpoints_shares_its_sync_points(session: Se
     their own would be another fdatasync, and a worker thread started on the request
     loop), and the last is durable all the same."""
     store = session.store
-
-    def durable() -> bool:
-        return store._durable == store.env.info()["last_txnid"]
-
     syncs = store._counter
     with store._flush_lock:  # a slow disk: the first sync point waits
         for i in range(20):
@@ -392,7 +389,7 @@ async def test_a_burst_of_unnamed_checkpoints_shares_its_sync_points(session: Se
             await session.command({"cmd": "checkpoint"})
             await trio.sleep(0.001)  # (the sync point it started gets going)
     with trio.fail_after(10):
-        while not durable() or session._syncing:
+        while not durable(store) or session._syncing:
             await trio.sleep(0.001)
     assert store._counter - syncs == 2  # the one under way, then one for the rest
 

@@ -96,11 +96,6 @@ static inline uint32_t slot_in(uint64_t ino, unsigned bits)
 
 static inline uint32_t slot_of(uint64_t ino) { return slot_in(ino, TOUCH_BITS); }
 
-static inline uint64_t *touch_slot(uint64_t ino)
-{
-    return &touched[slot_of(ino)];
-}
-
 /* With names_lock held: ino changed at clock now. */
 static inline void touch_one(uint64_t ino, uint64_t now)
 {
@@ -111,12 +106,20 @@ static inline void touch_one(uint64_t ino, uint64_t now)
 /* With names_lock held: whether nothing of ino changed after stamp. */
 static inline int unchanged(uint64_t ino, uint64_t stamp)
 {
-    return stamp >= changed_all && *touch_slot(ino) <= stamp;
+    return stamp >= changed_all && touched[slot_of(ino)] <= stamp;
 }
 
 static inline struct listing **listing_slot(uint64_t dir)
 {
     return &listings[slot_in(dir, LISTING_BITS)];
+}
+
+/* With names_lock held: dir's listing, if one is published. */
+static struct listing *listing_of(uint64_t dir)
+{
+    struct listing *l = *listing_slot(dir);
+
+    return l != NULL && l->dir == dir ? l : NULL;
 }
 
 static inline struct fuse_direntplus *entry(const struct listing *l, uint32_t i)
@@ -153,8 +156,6 @@ static void touch_two(uint64_t a, uint64_t b)
 
     fastpath_names_touch(inos, b ? 2 : 1);
 }
-
-static struct listing *listing_of(uint64_t dir);
 
 /* With names_lock held: whether l's names (and added) are all of its directory's now. */
 static inline int names_whole(const struct listing *l)
@@ -354,14 +355,6 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
     number = (int)l->number;
     pthread_mutex_unlock(&names_lock);
     return number;
-}
-
-/* With names_lock held: dir's listing, if one is published. */
-static struct listing *listing_of(uint64_t dir)
-{
-    struct listing *l = *listing_slot(dir);
-
-    return l != NULL && l->dir == dir ? l : NULL;
 }
 
 /* How name a (alen bytes) sorts against b, as memcmp sorts, the shorter first. */
