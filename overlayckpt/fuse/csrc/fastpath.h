@@ -46,6 +46,7 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>

@@ -18,6 +18,7 @@
 
 static pthread_t reader;  /* reads /dev/fuse, answers what it can, queues the rest */
 static int reader_started;
+static int session_fd = -1;  /* /dev/fuse, as the reader reads it */
 
 struct item {
     struct item *next;
@@ -161,6 +162,7 @@ int queue_start(struct fuse_session *se)
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGURG, &sa, NULL);
+    session_fd = real_fd(se);
     if (pthread_create(&reader, NULL, read_requests, se) != 0) {
         close(wake[0]);
         close(wake[1]);
@@ -220,12 +222,29 @@ int queue_take(struct fuse_buf *buf)
     return res;
 }
 
+/* Whether a request waits in /dev/fuse for the reader thread, which the kernel
+   woke and which waits for a core. */
+static int reader_waits(void)
+{
+    struct pollfd p = {.fd = session_fd, .events = POLLIN};
+
+    return session_fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
 /* Whether a request waits for pyfuse3, watching the queue for up to spin_ns.
  * fastpath.py calls this (without the GIL) where pyfuse3's loop would go back to
  * trio to wait on the pipe: a trip through trio's lock, scheduler and epoll costs
  * more than most handlers, and a client's next request often follows our reply
  * within microseconds. (Sleeping here on a condition variable instead was no
- * faster, and held trio up: restores, which wait on threads, stalled.) */
+ * faster, and held trio up: restores, which wait on threads, stalled.)
+ * While it watches, a request may come that the reader thread must read first:
+ * the kernel wakes the reader on the core it last ran on, often this one, and
+ * with the same slice it does not preempt the watch. It then waited for the
+ * watch to end (and for trio after it), so a write C acknowledges waited for
+ * pyfuse3's loop after all. The watch gives way instead (sched_yield) while a
+ * request waits there: repeated small edits in rounds of 300, 6 s apart, p99
+ * 0.23-0.75 ms (0.50 the median of 7 runs) against 0.78-1.24 ms (0.88), p50
+ * unchanged. */
 int fastpath_wait_queued(long spin_ns)
 {
     struct timespec start, now;
@@ -237,7 +256,10 @@ int fastpath_wait_queued(long spin_ns)
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) >= spin_ns)
             return 0;
-        cpu_relax();
+        if (reader_waits())
+            sched_yield();  /* it may be queued on this core, behind this very watch */
+        else
+            cpu_relax();
     }
 }
 
@@ -257,6 +279,7 @@ void queue_stop(void)
         }
     } while (pthread_timedjoin_np(reader, NULL, &until) != 0);
     reader_started = 0;
+    session_fd = -1;
     close(wake[0]);
     close(wake[1]);
     wake[0] = wake[1] = -1;
