@@ -162,7 +162,6 @@ int queue_start(struct fuse_session *se)
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGURG, &sa, NULL);
-    session_fd = real_fd(se);
     if (pthread_create(&reader, NULL, read_requests, se) != 0) {
         close(wake[0]);
         close(wake[1]);
@@ -170,6 +169,7 @@ int queue_start(struct fuse_session *se)
         return real_fd(se);
     }
     reader_started = 1;
+    session_fd = real_fd(se);
     return wake[0];
 }
 
@@ -237,14 +237,10 @@ static int reader_waits(void)
  * more than most handlers, and a client's next request often follows our reply
  * within microseconds. (Sleeping here on a condition variable instead was no
  * faster, and held trio up: restores, which wait on threads, stalled.)
- * While it watches, a request may come that the reader thread must read first:
- * the kernel wakes the reader on the core it last ran on, often this one, and
- * with the same slice it does not preempt the watch. It then waited for the
- * watch to end (and for trio after it), so a write C acknowledges waited for
- * pyfuse3's loop after all. The watch gives way instead (sched_yield) while a
- * request waits there: repeated small edits in rounds of 300, 6 s apart, p99
- * 0.23-0.75 ms (0.50 the median of 7 runs) against 0.78-1.24 ms (0.88), p50
- * unchanged. */
+ * The watch gives way while a request waits for the reader thread: the kernel
+ * wakes the reader on the core it last ran on, often this one, and with the same
+ * slice it would wait for the watch to end, so even what C answers would wait
+ * for pyfuse3's loop (docs/benchmarks.md, "Small edits' p99"). */
 int fastpath_wait_queued(long spin_ns)
 {
     struct timespec start, now;
