@@ -89,8 +89,14 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
         _record_known(w, seq, undo, newest)
         return
     at, start = u64(seq), u64(group_start)
+    versions: list[tuple[bytes, bytes]] = []
+    changed: list[tuple[bytes, bytes]] = []
+    seen: set[bytes] = set()  # (a record's keys are distinct, but for an imported one)
     for code, key, old in undo:
         vk = vkey(code, key)
+        if vk in seen:
+            continue  # its first entry is the version, as if put before this _newest
+        seen.add(vk)
         last = _newest(w, vk)
         if last is not None:
             if last >= start:  # (big-endian: bytes order is number order)
@@ -98,8 +104,11 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
             born = w.pop(CHANGED, _ck(last, vk)) or b""
         else:
             born = at if old is None else b""
-        w.put(VERSIONS, vk + at, _tag(old))
-        w.put(CHANGED, _ck(at, vk), born)
+        versions.append((vk + at, _tag(old)))
+        changed.append((_ck(at, vk), born))
+    # in key order, in one call each: a big write's 256 blocks a record
+    w.put_many(VERSIONS, sorted(versions))
+    w.put_many(CHANGED, sorted(changed))
 
 
 def _record_known(w: WriteTxn, seq: int, undo: Undo, newest: Sequence[bytes | None]) -> None:

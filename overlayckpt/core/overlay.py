@@ -93,6 +93,12 @@ class Mutation:
         if table == T_NODES:
             self.nodes[key] = value
 
+    def put_many(self, table: int, items: list[tuple[bytes, bytes]], prevs: list[bytes | None]) -> None:
+        """put for each of items (in key order), with its previous value given (not of nodes)."""
+        for (key, _), prev in zip(items, prevs):
+            self._remember(table, key, prev, True)
+        self.w.put_many(TABLE_NAMES[table], items)
+
     def delete(self, table: int, key: bytes, prev: bytes | None = None,
                explicit_prev: bool = False) -> None:
         self._remember(table, key, prev, explicit_prev)
@@ -442,6 +448,24 @@ class Overlay(Tree):
             return
         m.put(T_BMAP, key, m.w.put_block(data), prev, explicit_prev=True)
 
+    def _set_whole_blocks(self, m: Mutation, ino: int, node: Node, first: int, data: bytes) -> None:
+        """_set_block for each block of data (whole blocks from block first on), their bmap
+        entries read in one pass and written in one call: a big write's blocks."""
+        bs = self.bs
+        count = len(data) // bs
+        keys = [bmap_key(ino, first + i) for i in range(count)]
+        now = dict(m.w.items_between(BMAP, keys[0], keys[-1]))
+        lower_to = -(-node.lower_valid // bs) if node.origin is not None else 0  # (blocks)
+        prevs = []
+        for i, key in enumerate(keys):
+            raw = now.get(key)
+            if raw is None and first + i < lower_to:  # the repo's: captured first
+                raw = self._current_block(m, ino, node, first + i)[1]
+                raw = None if raw == ZERO_BLOCK else raw  # (as _set_block has it)
+            prevs.append(raw)
+        digests = m.w.put_blocks(data[i * bs:(i + 1) * bs] for i in range(count))
+        m.put_many(T_BMAP, list(zip(keys, digests)), prevs)
+
     def _patch_block(self, m: Mutation, ino: int, node: Node, blockno: int, lo: int, piece: bytes) -> None:
         bs = self.bs
         if lo == 0 and len(piece) == bs:
@@ -492,6 +516,13 @@ class Overlay(Tree):
                 raise FsError(errno.EINVAL)
             bs = self.bs
             pos, end = off, off + len(data)
+            whole_from, whole_to = -(-off // bs), end // bs  # the blocks data covers whole
+            if whole_to - whole_from > 1:
+                if off % bs:
+                    self._patch_block(m, ino, node, off // bs, off % bs, data[:bs - off % bs])
+                start = whole_from * bs - off
+                self._set_whole_blocks(m, ino, node, whole_from, data[start:start + (whole_to - whole_from) * bs])
+                pos = whole_to * bs
             while pos < end:
                 bstart = pos - pos % bs
                 stop = min(end, bstart + bs)

@@ -114,6 +114,15 @@ class ReadTxn:
         cur = self.txn.cursor(db=self.store.dbs[table])
         return cur.iternext() if cur.set_range(start) else iter(())
 
+    def items_between(self, table: bytes, first: bytes, last: bytes) -> list[tuple[bytes, bytes]]:
+        """Entries with first <= key <= last (not of BLOCKS: split keys)."""
+        out = []
+        for item in self.items_from(table, first):
+            if item[0] > last:
+                break
+            out.append(item)
+        return out
+
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None:
         """The first entry with a key >= key, or None."""
         cur = self._cursor(table)
@@ -164,6 +173,9 @@ def _wholes(table: bytes, items: Iterable[tuple[bytes, bytes]]) -> Iterable[tupl
     return (whole(k, v) for k, v in items) if table == BLOCKS else items
 
 
+# put_blocks: zstd takes 4 us to find a 4 KiB block incompressible, twice the hash
+RAW_RUN = 4
+PROBE_EVERY = 16
 _BY_INODE = frozenset(LIVE_TABLES)  # (a key's first 8 bytes: its inode)
 _TOUCHING = _BY_INODE | {PINNED}  # the tables whose writes Store.on_commit reports
 
@@ -259,17 +271,33 @@ class WriteTxn(ReadTxn):
 
     def put_block(self, data: bytes) -> bytes:
         """Store one block once, keyed by its blake3 digest; zeros are not stored."""
-        self.captured += len(data)
-        if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
-            return ZERO_BLOCK
-        digest = blake3.blake3(data).digest()
-        if self._block_entry(digest) is None:
-            raw = self.store.encode_block(data)
-            self._put_block(digest, raw)
-            self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + len(raw))
-            self.added += len(data)
-            self.stored += len(raw)
-        return digest
+        return self.put_blocks((data,))[0]
+
+    def put_blocks(self, blocks: Iterable[bytes]) -> list[bytes]:
+        """put_block for each, the count of bytes held updated once."""
+        digests, stored, raw_run = [], 0, 0
+        for data in blocks:
+            self.captured += len(data)
+            if data == bytes(len(data)):  # (a memcmp; strip(b"\0") walks it byte by byte)
+                digests.append(ZERO_BLOCK)
+                continue
+            digest = blake3.blake3(data).digest()
+            if self._block_entry(digest) is None:
+                # after RAW_RUN blocks in a row that did not compress (random data, a
+                # pack, an image), only every PROBE_EVERY-th is tried: the others go raw
+                if raw_run < RAW_RUN or raw_run % PROBE_EVERY == 0:
+                    raw = self.store.encode_block(data)
+                else:
+                    raw = RAW + data
+                raw_run = raw_run + 1 if raw[:1] == RAW else 0
+                self._put_block(digest, raw)
+                self.added += len(data)
+                stored += len(raw)
+            digests.append(digest)
+        if stored:
+            self.set_meta_int(BLOCK_BYTES_KEY, self.meta_int(BLOCK_BYTES_KEY) + stored)
+            self.stored += stored
+        return digests
 
     def set_meta_int(self, name: bytes, value: int) -> None:
         self.put(META, name, u64(value))
