@@ -59,6 +59,10 @@ _LOWER, _UPPER = b"\0", b"\1"  # the layers of CHANGED's keys (the overlay's are
 # CHANGED value (born: 8 bytes or none)
 
 
+# record(): from this many keys of a table on, one seek may tell that none has a version
+RUN_KEYS = 8
+
+
 def vkey(code: int, key: bytes) -> bytes:
     return bytes((code,)) + key + b"\0"
 
@@ -92,12 +96,17 @@ def record(w: WriteTxn, group_start: int, seq: int, undo: Undo,
     versions: list[tuple[bytes, bytes]] = []
     changed: list[tuple[bytes, bytes]] = []
     seen: set[bytes] = set()  # (a record's keys are distinct, but for an imported one)
-    for code, key, old in undo:
-        vk = vkey(code, key)
+    vks = [vkey(code, key) for code, key, _ in undo]
+    by_table: dict[int, list[bytes]] = {}
+    for (code, _, _), vk in zip(undo, vks):
+        by_table.setdefault(code, []).append(vk)
+    unversioned = {code for code, keys in by_table.items()
+                   if len(keys) >= RUN_KEYS and not _any_version(w, min(keys), max(keys))}
+    for (code, _, old), vk in zip(undo, vks):
         if vk in seen:
             continue  # its first entry is the version, as if put before this _newest
         seen.add(vk)
-        last = _newest(w, vk)
+        last = None if code in unversioned else _newest(w, vk)
         if last is not None:
             if last >= start:  # (big-endian: bytes order is number order)
                 continue  # already versioned in this group
@@ -142,6 +151,13 @@ def newest(r: ReadTxn, code: int, key: bytes) -> bytes | None:
     vk = vkey(code, key)
     last = _newest(r, vk)
     return None if last is None else last + (r.get(CHANGED, _ck(last, vk)) or b"")
+
+
+def _any_version(r: ReadTxn, first: bytes, last: bytes) -> bool:
+    """Whether any key from vkey first to vkey last has a version: if none does (a new
+    file's blocks), record() need not look for each one's newest."""
+    hit = r.seek(VERSIONS, first)
+    return hit is not None and hit[0] <= last + _AFTER_ALL
 
 
 def _newest(r: ReadTxn, vk: bytes) -> bytes | None:

@@ -12,7 +12,7 @@ from overlayckpt.service.session import Session
 from overlayckpt.store.txn import PROBE_EVERY, RAW_RUN, ZSTD
 from overlayckpt.tables import BLOCKS, BMAP
 
-from .helpers_core import ME, content, ino
+from .helpers_core import ME, content, ino, names
 
 BS = 4096
 
@@ -39,11 +39,19 @@ async def test_big_writes_over_repo_and_stored_blocks_restore_exactly(session: S
     # one, a zero block and the same content twice
     write(100, rng.randbytes(BS - 100) + one + rng.randbytes(BS) + zeros + one + b"tail")
     states[tl.checkpoint("rewritten", None, ME).id] = bytes(model)
+    # a new file's blocks: none has a version yet (history.record looks once for all)
+    new, _ = ov.create(ME, ino(ov, "docs"), b"new.bin", stat.S_IFREG | 0o644, 0, 0)
+    made = rng.randbytes(12 * BS)
+    ov.write(ME, new, 0, made)
     write(BS, rng.randbytes(8 * BS))  # stored blocks again, and past the repo's end
-    states[tl.checkpoint("grown", None, ME).id] = bytes(model)
+    grown = tl.checkpoint("grown", None, ME).id
+    states[grown] = bytes(model)
     for ck in [*states, *reversed(states)]:
         await tl.restore(ck, ME)
         assert content(ov, path) == states[ck], ck
+        assert ("new.bin" in names(ov, "docs")) == (ck == grown), ck
+        if ck == grown:
+            assert content(ov, "docs/new.bin") == made
 
 
 def test_compressible_blocks_after_incompressible_ones_are_compressed_again(session: Session) -> None:
