@@ -99,6 +99,12 @@ class Mutation:
             self._remember(table, key, prev, True)
         self.w.put_many(TABLE_NAMES[table], items)
 
+    def delete_many(self, table: int, keys: list[bytes], prevs: list[bytes | None]) -> None:
+        """delete for each of keys (in key order), with its previous value given (not of nodes)."""
+        for key, prev in zip(keys, prevs):
+            self._remember(table, key, prev, True)
+        self.w.delete_many(TABLE_NAMES[table], keys)
+
     def delete(self, table: int, key: bytes, prev: bytes | None = None,
                explicit_prev: bool = False) -> None:
         self._remember(table, key, prev, explicit_prev)
@@ -455,16 +461,27 @@ class Overlay(Tree):
         count = len(data) // bs
         keys = [bmap_key(ino, first + i) for i in range(count)]
         now = dict(m.w.items_between(BMAP, keys[0], keys[-1]))
-        lower_to = -(-node.lower_valid // bs) if node.origin is not None else 0  # (blocks)
+        repo_to = -(-node.lower_valid // bs) if node.origin is not None else 0  # (blocks)
+        repo = [first + i for i, key in enumerate(keys) if key not in now and first + i < repo_to]
+        captured = dict(zip(repo, self._capture_repo(m, node, repo)))  # the repo's: first
         prevs = []
         for i, key in enumerate(keys):
-            raw = now.get(key)
-            if raw is None and first + i < lower_to:  # the repo's: captured first
-                raw = self._current_block(m, ino, node, first + i)[1]
-                raw = None if raw == ZERO_BLOCK else raw  # (as _set_block has it)
-            prevs.append(raw)
+            digest = captured.get(first + i)  # (a zero block of the repo's: nothing held)
+            prevs.append(now[key] if key in now else None if digest == ZERO_BLOCK else digest)
         digests = m.w.put_blocks(data[i * bs:(i + 1) * bs] for i in range(count))
         m.put_many(T_BMAP, list(zip(keys, digests)), prevs)
+
+    def _capture_repo(self, m: Mutation, node: Node, blocks: list[int]) -> list[bytes]:
+        """The digests of these blocks (ascending) of node's repo file as it is now, stored
+        (as _current each): one read and one run stored per run of neighbours (at most 1
+        MiB held: a truncate may drop gigabytes)."""
+        bs, digests = self.bs, []
+        for run in _runs(blocks):
+            off = run[0] * bs
+            n = min(len(run) * bs, node.lower_valid - off)
+            data = self._lower_bytes(node.origin or b"", off, n) + bytes(len(run) * bs - n)
+            digests += m.w.put_blocks(data[i * bs:(i + 1) * bs] for i in range(len(run)))
+        return digests
 
     def _patch_block(self, m: Mutation, ino: int, node: Node, blockno: int, lo: int, piece: bytes) -> None:
         bs = self.bs
@@ -482,14 +499,16 @@ class Overlay(Tree):
             first_gone = -(-size // bs)
             # only blocks that hold something: stored ones, and those still the repo's
             # (a sparse file's holes cost nothing to cut)
-            gone = set(range(first_gone, -(-min(node.lower_valid, node.size) // bs))
-                       if node.origin is not None else ())
-            for key, _ in m.w.range_from(BMAP, bmap_key(ino, first_gone)):
+            stored: dict[int, bytes] = {}
+            for key, raw in m.w.range_from(BMAP, bmap_key(ino, first_gone)):
                 if not key.startswith(u64(ino)):
                     break
-                gone.add(from_u64(key[8:]))
-            for b in sorted(gone):
-                self._set_block(m, ino, node, b, None)
+                stored[from_u64(key[8:])] = raw
+            repo_to = -(-min(node.lower_valid, node.size) // bs) if node.origin is not None else 0
+            repo = [b for b in range(first_gone, repo_to) if b not in stored]
+            held = stored | dict(zip(repo, self._capture_repo(m, node, repo)))
+            gone = [b for b in sorted(held) if b in stored or held[b] != ZERO_BLOCK]
+            m.delete_many(T_BMAP, [bmap_key(ino, b) for b in gone], [held[b] for b in gone])
             if size % bs:
                 # zero the tail so a later extension reads zeros, as POSIX wants
                 self._patch_block(m, ino, node, size // bs, size % bs, bytes(bs - size % bs))
@@ -536,6 +555,18 @@ class Overlay(Tree):
                 m.w.put(META, WRITE_BEHIND_KEY, logged)
             return len(data)
         return fn
+
+
+def _runs(blocks: list[int]) -> Iterator[list[int]]:
+    """Ascending block numbers as runs of neighbours, at most 256 blocks each (1 MiB)."""
+    run: list[int] = []
+    for b in blocks:
+        if run and (b != run[-1] + 1 or len(run) == 256):
+            yield run
+            run = []
+        run.append(b)
+    if run:
+        yield run
 
 
 async def make_durable(store: Store) -> None:

@@ -12,7 +12,7 @@ from overlayckpt.service.session import Session
 from overlayckpt.store.txn import PROBE_EVERY, RAW_RUN, ZSTD
 from overlayckpt.tables import BLOCKS, BMAP
 
-from .helpers_core import ME, content, ino, names
+from .helpers_core import ME, content, ino, make_small_repo, names
 
 BS = 4096
 
@@ -52,6 +52,31 @@ async def test_big_writes_over_repo_and_stored_blocks_restore_exactly(session: S
         assert ("new.bin" in names(ov, "docs")) == (ck == grown), ck
         if ck == grown:
             assert content(ov, "docs/new.bin") == made
+
+
+async def test_truncating_a_repo_file_captures_every_block_it_drops(open_session, tmp_path: Path) -> None:
+    repo = make_small_repo(tmp_path / "repo")
+    rng = random.Random(11)
+    # repo blocks of text, of zeros (nothing to keep) and of noise, the last one partial
+    original = b"".join([b"x" * BS, bytes(2 * BS), rng.randbytes(5 * BS), b"y" * 100])
+    (repo / "blob.bin").write_bytes(original)
+    session = open_session(repo)
+    ov, tl = session.overlay, Timeline(session.ctx)
+    i = ino(ov, "blob.bin")
+    ov.write(ME, i, 4 * BS, b"EDIT")  # a block stored
+    ov.write(ME, i, 5 * BS, bytes(BS))  # a block stored as zeros, over the repo's noise
+    edited = content(ov, "blob.bin")
+    before = tl.checkpoint("before", None, ME).id
+    ov.setattr(ME, i, size=BS + 10)  # drops blocks 2-8, cuts block 1 (zeros in the repo)
+    assert content(ov, "blob.bin") == original[:BS + 10]
+    after = tl.checkpoint("after", None, ME).id
+    # the repo's blocks of noise the truncate dropped change meanwhile: what was
+    # captured counts (its zeros were not captured: they read through, as untouched)
+    (repo / "blob.bin").write_bytes(original[:3 * BS] + rng.randbytes(len(original) - 3 * BS))
+    await tl.restore(before, ME)
+    assert content(ov, "blob.bin") == edited
+    await tl.restore(after, ME)
+    assert content(ov, "blob.bin") == original[:BS + 10]
 
 
 def test_compressible_blocks_after_incompressible_ones_are_compressed_again(session: Session) -> None:
