@@ -442,17 +442,13 @@ class Overlay(Tree):
             return (None, m.w.put_block(data)), data
         return (None, ZERO_BLOCK), None
 
-    def _set_block(self, m: Mutation, ino: int, node: Node, blockno: int, data: bytes | None,
+    def _set_block(self, m: Mutation, ino: int, node: Node, blockno: int, data: bytes,
                    current: tuple[bytes | None, bytes] | None = None) -> None:
-        """Point one block at new content (None: drop it), capturing the old first."""
+        """Point one block at new content, capturing the old first (blocks dropped: in
+        _truncate)."""
         now, captured = current or self._current_block(m, ino, node, blockno)
-        key = bmap_key(ino, blockno)
         prev = captured if now is None and captured != ZERO_BLOCK else now
-        if data is None:
-            if now is not None or captured != ZERO_BLOCK:
-                m.delete(T_BMAP, key, prev, explicit_prev=True)
-            return
-        m.put(T_BMAP, key, m.w.put_block(data), prev, explicit_prev=True)
+        m.put(T_BMAP, bmap_key(ino, blockno), m.w.put_block(data), prev, explicit_prev=True)
 
     def _set_whole_blocks(self, m: Mutation, ino: int, node: Node, first: int, data: bytes) -> None:
         """_set_block for each block of data (whole blocks from block first on), their bmap
