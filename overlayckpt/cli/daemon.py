@@ -12,38 +12,38 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TypedDict
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import Target, emit, find_mount
 from overlayckpt.errors import UserError
-from overlayckpt.messages import InterruptRequest, Refused, SetApplyRequest, StatusReply, StatusRequest
 
-TYPE_CHECKING = False  # (not typing's: typing costs every CLI start a few ms)
+# (types only: typing, and the messages, which cost every CLI start 30 ms: a mount's
+# CLI starts the daemon before it imports them)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from overlayckpt.cli.sessions import Announced
+    from overlayckpt.messages import Refused, StatusReply
 
+    class Mounted(TypedDict):
+        repo: str
+        mountpoint: str
+        store: str
+        resumed: Announced | None  # the session resumed, if one was
 
-class Mounted(TypedDict):
-    repo: str
-    mountpoint: str
-    store: str
-    resumed: Announced | None  # the session resumed, if one was
+    class UnmountReport(TypedDict):
+        mountpoint: str
+        repo: str
+        store: str
+        applied: bool  # (these three: the daemon's apply at unmount, from session.json)
+        refused: list[Refused]
+        setid_dropped: list[str]
 
-
-class UnmountReport(TypedDict):
-    mountpoint: str
-    repo: str
-    store: str
-    applied: bool  # (these three: the daemon's apply at unmount, from session.json)
-    refused: list[Refused]
-    setid_dropped: list[str]
-
-
-class Unmounted(StatusReply):
-    applied: bool  # (these three: the daemon's apply at unmount, from session.json)
-    refused: list[Refused]
-    setid_dropped: list[str]
+    class Unmounted(StatusReply):
+        applied: bool  # (these three: the daemon's apply at unmount, from session.json)
+        refused: list[Refused]
+        setid_dropped: list[str]
 
 READY_TIMEOUT = 30.0
 
@@ -167,6 +167,8 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
         start = logf.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 start_new_session=True, cwd="/")
+    # the daemon imports for 0.15 s: meanwhile, on another core, what we ask it next
+    import overlayckpt.messages  # noqa: F401
     deadline = time.monotonic() + READY_TIMEOUT
     ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
     while time.monotonic() < deadline:
@@ -193,6 +195,7 @@ def unmount(mountpoint: str, apply: bool | None) -> Unmounted:
     # A command running may hold ctl (without the C library the kernel lets one write at
     # a time through) and its client keeps the mount busy: read status.json, have the daemon
     # cut running commands short (SIGUSR1: they are told so), then ask through ctl
+    from overlayckpt.messages import InterruptRequest, Refused, SetApplyRequest
     status = client.status(mountpoint)
     pid = status["pid"]
     if pid and status.get("interruptible"):
@@ -321,6 +324,7 @@ def _read(path: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from overlayckpt.messages import StatusRequest
     result = Target(args).call(StatusRequest())
 
     def line(key: str, value: object) -> str:

@@ -14,14 +14,48 @@ import fcntl
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import NotRequired, TypedDict
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import emit, find_mount
 from overlayckpt.errors import UserError
-from overlayckpt.messages import ForkPoint, ForksRequest, SummaryReply, SummaryRequest, UnforkRequest
 from overlayckpt.store.info import default_store_dir, read_info
 from overlayckpt.store.places import STORE_FILES, check_store_dir, is_store, remove_store
+
+# (types only, defined for the type checker: a mount's CLI starts the daemon before it
+# imports the messages, which cost every CLI start 30 ms)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NotRequired, TypedDict
+
+    from overlayckpt.messages import ForkPoint, SummaryReply
+
+    class Announced(SummaryReply):
+        text: str  # what a mount prints of the session it resumed
+
+    class SessionRow(TypedDict):
+        """One session in `sessions`: where it is, and its summary (or why there is none)."""
+        id: int
+        store: str
+        default: bool
+        mounted: str | None
+        parent: ForkPoint | None
+        created: str | None
+        last_activity: str
+        size_bytes: int
+        checkpoints: NotRequired[int]
+        unapplied: NotRequired[int]
+        applied: NotRequired[bool]
+        last_checkpoint: NotRequired[str | None]
+        error: NotRequired[str]
+
+    class Sessions(TypedDict):
+        repo: str
+        default: int | None
+        sessions: list[SessionRow]
+
+    class Family(TypedDict):
+        parent: ForkPoint | None
+        forks: list[str]  # stores
 
 
 def numbered(repo: str) -> list[tuple[int, str]]:
@@ -97,12 +131,9 @@ def _ago(iso: str | None) -> str:
     return "just now"
 
 
-class Announced(SummaryReply):
-    text: str  # what a mount prints of the session it resumed
-
-
 def announce(repo: str, mountpoint: str, store: str) -> Announced:
     """A resumed session's summary from its daemon, and the lines a mount prints of it."""
+    from overlayckpt.messages import SummaryRequest
     summary = client.send(mountpoint, SummaryRequest())
     which = session_label(repo, store)
     unapplied = (f"{summary['unapplied']} not yet applied to the repo" if summary["applied"]
@@ -159,29 +190,6 @@ def _store_bytes(path: str) -> int:
     return _allocated(os.path.join(path, name) for name in STORE_FILES)
 
 
-class SessionRow(TypedDict):
-    """One session in `sessions`: where it is, and its summary (or why there is none)."""
-    id: int
-    store: str
-    default: bool
-    mounted: str | None
-    parent: ForkPoint | None
-    created: str | None
-    last_activity: str
-    size_bytes: int
-    checkpoints: NotRequired[int]
-    unapplied: NotRequired[int]
-    applied: NotRequired[bool]
-    last_checkpoint: NotRequired[str | None]
-    error: NotRequired[str]
-
-
-class Sessions(TypedDict):
-    repo: str
-    default: int | None
-    sessions: list[SessionRow]
-
-
 def _parent(info: Mapping[str, object]) -> ForkPoint | None:
     """The fork point session.json records (None: not a fork)."""
     store, ck = info.get("parent"), info.get("parent_checkpoint")
@@ -200,6 +208,7 @@ def describe(n: int, store: str, default: bool) -> SessionRow:
                        "last_activity": iso_time(int(mtime * 1e9)),
                        "size_bytes": _disk_bytes(store)}
     try:
+        from overlayckpt.messages import SummaryRequest
         summary = client.call_store(store, SummaryRequest())
     except (UserError, OSError) as e:
         row["error"] = str(e)
@@ -268,16 +277,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-class Family(TypedDict):
-    parent: ForkPoint | None
-    forks: list[str]  # stores
-
-
 def _family(store: str) -> Family:
     """The session's parent and forks: from its store, and the forks the repo's numbered
     sessions name (a store that cannot be read still has those)."""
     info = read_info(store)
     try:
+        from overlayckpt.messages import ForksRequest
         family = client.call_store(store, ForksRequest())
     except UserError:  # (damaged, say: it can still be dropped)
         family = {"forks": {}, "parent": _parent(info)}
@@ -314,6 +319,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     parent = family["parent"]
     if parent and is_store(parent["store"]):  # its blocks are the parent's garbage now
         try:
+            from overlayckpt.messages import UnforkRequest
             client.call_store(parent["store"], UnforkRequest(store=store))
         except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
             pass

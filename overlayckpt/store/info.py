@@ -9,26 +9,27 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import TypedDict
 
 from overlayckpt.store.places import open_private
-from overlayckpt.store.synced import fsync_dir
 
 INFO_FILE = "session.json"  # repo path and current daemon, for the CLI
 
+TYPE_CHECKING = False  # (not typing's: every CLI start reads this file, typing costs 3 ms)
+if TYPE_CHECKING:
+    from typing import TypedDict
 
-class SessionInfo(TypedDict, total=False):
-    """What session.json holds (read_info: each field present only with its type)."""
-    repo: str  # the repo's absolute path
-    window: float  # seconds of quiet that end an automatic group
-    block_size: int
-    created: str  # ISO time of checkpoint 0
-    pid: int  # the daemon serving it, while mounted
-    mountpoint: str  # its mountpoint, while mounted
-    last_unmount: dict[str, object]  # what the last unmount did (applied, refused, error)
-    parent: str  # a fork's: the parent's store path
-    parent_checkpoint: int  # a fork's: the checkpoint it forked from
-    imported_from: str  # an import's: the bundle's path
+    class SessionInfo(TypedDict, total=False):
+        """What session.json holds (read_info: each field present only with its type)."""
+        repo: str  # the repo's absolute path
+        window: float  # seconds of quiet that end an automatic group
+        block_size: int
+        created: str  # ISO time of checkpoint 0
+        pid: int  # the daemon serving it, while mounted
+        mountpoint: str  # its mountpoint, while mounted
+        last_unmount: dict[str, object]  # what the last unmount did (applied, refused, error)
+        parent: str  # a fork's: the parent's store path
+        parent_checkpoint: int  # a fork's: the checkpoint it forked from
+        imported_from: str  # an import's: the bundle's path
 
 
 # the JSON types each field must have to be read (bool is an int to Python: refused)
@@ -75,4 +76,5 @@ def write_info(store_dir: str, info: Mapping[str, object]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(store_dir, INFO_FILE))
+    from overlayckpt.store.synced import fsync_dir  # (the CLI reads this file, seldom writes)
     fsync_dir(store_dir)
