@@ -10,10 +10,9 @@ the core's reports are reply parts too, and the CLI imports this without the ser
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Generic, NotRequired, TypedDict, TypeVar
+from typing import Any, ClassVar, Generic, NotRequired, TypedDict, TypeVar, dataclass_transform
 
 from overlayckpt.errors import UserError
 from overlayckpt.names import shown
@@ -48,32 +47,98 @@ _CHECKS: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
-def arg(default: object = dataclasses.MISSING, *, must: str | None = None,
-        needs: str | None = None, choices: tuple[str, ...] = ()) -> Any:
-    """A request field: its default (none: required), and what its errors say: `must` (a
-    value of the wrong type must be ...), `needs` (the line when it is missing), `choices`."""
-    meta = {"must": must, "needs": needs, "choices": choices}
-    return dataclasses.field(default=default, metadata=meta)
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()  # a field's default when it has none: the field is required
+
+
+class Field:
+    """A request field: its name, its annotation as written, its default, and what its
+    errors say: `must` (a value of the wrong type must be ...), `needs` (the line when it
+    is missing), `choices`."""
+    __slots__ = ("name", "type", "default", "must", "needs", "choices")
+
+    def __init__(self, default: object, must: str | None, needs: str | None,
+                 choices: tuple[str, ...]) -> None:
+        self.name = self.type = ""  # (set by the request class)
+        self.default, self.must, self.needs, self.choices = default, must, needs, choices
+
+
+def arg(default: Any = MISSING, *, must: str | None = None, needs: str | None = None,
+        choices: tuple[str, ...] = ()) -> Any:
+    """A request field's default (none: required) and error texts (Field)."""
+    return Field(default, must, needs, choices)
 
 
 REQUESTS: dict[str, type[Request[Any]]] = {}  # command name -> its request class
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(arg,))
 class Request(Generic[R]):
-    """One control command; R is its reply."""
+    """One control command; R is its reply. A frozen, keyword-only dataclass to the type
+    checker, made here at run time: dataclasses' generated code cost every CLI start and
+    the daemon's 9 ms (six compiled methods per class)."""
     CMD: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[Field, ...]] = ()
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
+        fields = list(cls.FIELDS)
+        for name, kind in cls.__dict__.get("__annotations__", {}).items():
+            if kind.startswith("ClassVar"):
+                continue
+            f = cls.__dict__.get(name, MISSING)
+            f = f if isinstance(f, Field) else Field(f, None, None, ())
+            f.name, f.type = name, kind
+            fields.append(f)
+            if name in cls.__dict__:
+                delattr(cls, name)  # (an instance holds every field's value)
+        cls.FIELDS = tuple(fields)
         REQUESTS[cls.CMD] = cls
+
+    def __init__(self, **values: Any) -> None:
+        for f in self.FIELDS:
+            if f.name in values:
+                value = values.pop(f.name)
+            elif f.default is MISSING:
+                raise TypeError(f"{type(self).__name__} needs {f.name}")
+            else:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__} takes no {', '.join(values)}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a request is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a request is frozen: cannot delete {name}")
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, f.name) for f in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, Request)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._values()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in self.FIELDS)
+        return f"{type(self).__name__}({shown})"
 
     def to_json(self) -> dict[str, object]:
         """The line's object: "cmd" and the fields not at their defaults."""
         out: dict[str, object] = {"cmd": self.CMD}
-        for f in dataclasses.fields(self):
+        for f in self.FIELDS:
             value = getattr(self, f.name)
-            if f.default is dataclasses.MISSING or value != f.default:
+            if f.default is MISSING or value != f.default:
                 out[f.name] = value
         return out
 
@@ -86,7 +151,7 @@ def parse(raw: object) -> Request[Any]:
     cls = REQUESTS.get(name)
     if cls is None:
         raise UserError(f"unknown command {shown(name)}; known: {', '.join(sorted(REQUESTS))}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in cls.FIELDS}
     values: dict[str, object] = {}
     for key, value in raw.items():
         if key == "cmd":
@@ -95,20 +160,20 @@ def parse(raw: object) -> Request[Any]:
         if f is None:
             takes = ", ".join(fields) or "nothing"
             raise UserError(f"{name} takes no field {shown(key)}; it takes: {takes}")
-        kind = str(f.type)
+        kind = f.type
         optional = kind.endswith(" | None")
         if value is None and optional:
             continue  # null: the default
         passes, what = _CHECKS[kind.removesuffix(" | None")]
-        choices = f.metadata["choices"]
+        choices = f.choices
         if not passes(value) or (choices and value not in choices):
             if choices:
                 what = ", ".join(f'"{c}"' for c in choices[:-1]) + f' or "{choices[-1]}"'
-            raise UserError(f'"{key}" must be {f.metadata["must"] or what}')
+            raise UserError(f'"{key}" must be {f.must or what}')
         values[key] = value
     for key, f in fields.items():
-        if key not in values and f.default is dataclasses.MISSING:
-            raise UserError(f.metadata["needs"] or f'{name} needs "{key}"')
+        if key not in values and f.default is MISSING:
+            raise UserError(f.needs or f'{name} needs "{key}"')
     return cls(**values)
 
 
@@ -177,11 +242,10 @@ class CheckpointReply(TypedDict):
     seq: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointRequest(Request[CheckpointReply]):
     CMD = "checkpoint"
-    name: str | None = arg(None)
-    message: str | None = arg(None)
+    name: str | None = arg(default=None)
+    message: str | None = arg(default=None)
 
 
 class LogReply(TypedDict):
@@ -190,12 +254,11 @@ class LogReply(TypedDict):
     forked_from: NotRequired[ForkPoint | None]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class LogRequest(Request[LogReply]):
     CMD = "log"
-    limit: int = arg(0)
-    file: str | None = arg(None)
-    all: bool = arg(False)
+    limit: int = arg(default=0)
+    file: str | None = arg(default=None)
+    all: bool = arg(default=False)
 
 
 class RestoreReply(TypedDict):
@@ -213,12 +276,11 @@ class RestoreReply(TypedDict):
 WHAT = ("code", "conversation", "both")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class RestoreRequest(Request[RestoreReply]):
     CMD = "restore"
     id: Ref = arg(needs='restore needs "id" (a checkpoint id or name)')
-    what: str | None = arg(None, choices=WHAT)  # None: both, or code with paths
-    paths: list[str] | None = arg(None)
+    what: str | None = arg(default=None, choices=WHAT)  # None: both, or code with paths
+    paths: list[str] | None = arg(default=None)
 
 
 class BackoutReply(TypedDict):
@@ -227,23 +289,21 @@ class BackoutReply(TypedDict):
     files: list[FileChange]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class BackoutRequest(Request[BackoutReply]):
     CMD = "backout"
     id: Ref = arg(needs='backout needs "id" (a checkpoint id or name)')
-    paths: list[str] | None = arg(None)
-    all: bool = arg(False)
+    paths: list[str] | None = arg(default=None)
+    all: bool = arg(default=False)
 
 
 class ConversationReply(TypedDict):
     lines: list[ConversationLine]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ConversationRequest(Request[ConversationReply]):
     CMD = "conversation"
-    at: Ref | None = arg(None)
-    all: bool = arg(False)
+    at: Ref | None = arg(default=None)
+    all: bool = arg(default=False)
 
 
 class DiffReply(TypedDict):
@@ -253,14 +313,13 @@ class DiffReply(TypedDict):
     patch: NotRequired[str]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class DiffRequest(Request[DiffReply]):
     CMD = "diff"
-    a: Ref | None = arg(None)
-    b: Ref | None = arg(None)
-    stat: bool = arg(False)
-    paths: list[str] | None = arg(None)
-    all: bool = arg(False)
+    a: Ref | None = arg(default=None)
+    b: Ref | None = arg(default=None)
+    stat: bool = arg(default=False)
+    paths: list[str] | None = arg(default=None)
+    all: bool = arg(default=False)
 
 
 class ShowReply(TypedDict):
@@ -273,12 +332,11 @@ class ShowReply(TypedDict):
     content_b64: NotRequired[str]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ShowRequest(Request[ShowReply]):
     CMD = "show"
     id: Ref = arg()
-    path: str | None = arg(None)
-    all: bool = arg(False)
+    path: str | None = arg(default=None)
+    all: bool = arg(default=False)
 
 
 class Refused(TypedDict):
@@ -298,12 +356,11 @@ class ApplyReply(ApplyStats):
     repo: str
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ApplyRequest(Request[ApplyReply]):
     CMD = "apply"
-    checkpoint: Ref | None = arg(None)
-    force: bool = arg(False)
-    special: bool = arg(False)  # device nodes, fifos and sockets too
+    checkpoint: Ref | None = arg(default=None)
+    force: bool = arg(default=False)
+    special: bool = arg(default=False)  # device nodes, fifos and sockets too
 
 
 class FsckReport(TypedDict):
@@ -319,10 +376,9 @@ class FsckReply(FsckReport):
     repaired: list[str]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class FsckRequest(Request[FsckReply]):
     CMD = "fsck"
-    repair: bool = arg(False)
+    repair: bool = arg(default=False)
 
 
 class SweepReport(TypedDict):
@@ -345,10 +401,9 @@ class GcReply(TypedDict):
     kept_blocks: NotRequired[int]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class GcRequest(Request[GcReply]):
     CMD = "gc"
-    budget: int | None = arg(None, must="a number of bytes")  # None: the default, 5 GiB
+    budget: int | None = arg(default=None, must="a number of bytes")  # None: the default, 5 GiB
 
 
 class ForkMade(TypedDict):
@@ -362,18 +417,16 @@ class ForkReply(ForkMade):
     repo: str
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ForkRequest(Request[ForkReply]):
     CMD = "fork"
     store: str = arg(needs='fork needs "store" (the new session\'s store directory)')
-    id: Ref | None = arg(None)
+    id: Ref | None = arg(default=None)
 
 
 class UnforkReply(TypedDict):
     forgot: bool
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class UnforkRequest(Request[UnforkReply]):
     CMD = "unfork"
     store: str = arg()
@@ -384,7 +437,6 @@ class ForksReply(TypedDict):
     forks: dict[str, int]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ForksRequest(Request[ForksReply]):
     CMD = "forks"
 
@@ -398,12 +450,11 @@ class ExportGitReply(TypedDict):
     remaining: NotRequired[int]  # (left out of the CLI's result, which exports them all)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ExportGitRequest(Request[ExportGitReply]):
     CMD = "export_git"
-    branch: str | None = arg(None)
-    since: Ref | None = arg(None)
-    limit: int = arg(0)
+    branch: str | None = arg(default=None)
+    since: Ref | None = arg(default=None)
+    limit: int = arg(default=0)
 
 
 class ExportBundleReply(TypedDict):
@@ -415,7 +466,6 @@ class ExportBundleReply(TypedDict):
     journal: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class ExportBundleRequest(Request[ExportBundleReply]):
     CMD = "export_bundle"
     path: str = arg(needs='export_bundle needs "path": an absolute file path')
@@ -450,7 +500,6 @@ class StatusReply(KernelStatus):
     interruptible: NotRequired[bool]  # status.json's
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class StatusRequest(Request[StatusReply]):
     CMD = "status"
 
@@ -492,7 +541,6 @@ class StatsReply(TypedDict):
     histograms: NotRequired[dict[str, HistogramDump]]  # (--json leaves them out)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class StatsRequest(Request[StatsReply]):
     CMD = "stats"
 
@@ -508,7 +556,6 @@ class SummaryReply(Summary):
     created: str | None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class SummaryRequest(Request[SummaryReply]):
     CMD = "summary"
 
@@ -517,7 +564,6 @@ class SetApplyReply(TypedDict):
     apply_on_unmount: bool
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class SetApplyRequest(Request[SetApplyReply]):
     CMD = "set_apply"
     apply: bool = arg(needs='"apply" must be true or false')
@@ -527,7 +573,6 @@ class InterruptReply(TypedDict):
     interrupted: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class InterruptRequest(Request[InterruptReply]):
     """Answered by the control directory itself (fuse/control.py), not by a Session."""
     CMD = "interrupt"
