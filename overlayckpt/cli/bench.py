@@ -151,8 +151,7 @@ class Scratch:
     def mount(self) -> None:
         from overlayckpt.cli.daemon import spawn_daemon
         opts = argparse.Namespace(block_size=None, window=None, allow_other=False, verbose=False)
-        spawn_daemon(self.repo, self.mnt, self.store, opts, False)
-        self.pid = client.status(self.mnt).get("pid")
+        spawn_daemon(self.repo, self.mnt, self.store, opts, False, started=self._started)
         self.conn = client.Connection(self.mnt)
 
     def call(self, cmd: Request[R]) -> tuple[R, int]:
@@ -164,23 +163,8 @@ class Scratch:
     def _mounted(self) -> bool:
         return mount_of(self.mnt)[0] == self.mnt
 
-    def _daemon_pid(self) -> int | None:
-        """Our daemon: known from its status, else the process we started with this
-        store (the unique scratch path) and --foreground, if it is still starting."""
-        if self.pid:
-            return self.pid
-        want = os.fsencode(self.store)
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if want in argv and b"--foreground" in argv:
-                return int(entry)
-        return None
+    def _started(self, pid: int) -> None:
+        self.pid = pid
 
     def close(self) -> None:
         """Unmount (lazily if it must), wait for the daemon, remove the scratch dir."""
@@ -188,7 +172,7 @@ class Scratch:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-        pid = self._daemon_pid()
+        pid = self.pid
         if pid and not self._mounted():  # (stopped while it started: let it mount first)
             deadline = time.monotonic() + DAEMON_EXIT_WAIT
             while client.pid_alive(pid) and not self._mounted() and time.monotonic() < deadline:

@@ -12,16 +12,18 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 from overlayckpt.cli import client
 from overlayckpt.cli.target import Target, emit, find_mount
-from overlayckpt.errors import UserError
+from overlayckpt.errors import FsError, UserError
 
 # (types only: typing, and the messages, which cost every CLI start 30 ms: a mount's
 # CLI starts the daemon before it imports them)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from collections.abc import Callable
+    from typing import NoReturn, TypedDict
 
     from overlayckpt.cli.sessions import Announced
     from overlayckpt.messages import Refused, StatusReply
@@ -141,7 +143,10 @@ def resumed_session(repo: str, mountpoint: str, store: str) -> Announced | None:
         return None
 
 
-def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool) -> None:
+def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespace, apply: bool,
+                 started: Callable[[int], None] | None = None) -> None:
+    """Start the daemon and wait until its mount answers. started(pid): told the daemon's
+    pid as soon as it exists (a caller that must stop it, even if this is interrupted)."""
     from overlayckpt.store.places import check_store_dir, make_dirs, open_private, remove_store, secure
     check_store_dir(store)
     created = not os.path.exists(store)
@@ -151,37 +156,59 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
         raise UserError(f"cannot create store {store}: {e.strerror}") from None
     secure(store)  # before its log is written (a directory made with mkdir is 0755)
     logpath = os.path.join(store, "daemon.log")
-    argv = [sys.executable, "-P", "-m", "overlayckpt", "--store", store, "mount", repo, mountpoint,
-            "--foreground", "--apply" if apply else "--no-apply"]
-    if args.block_size:
-        argv += ["--block-size", str(args.block_size)]
-    if args.window is not None:
-        argv += ["--window", str(args.window)]
-    if args.allow_other:
-        argv.append("--allow-other")
-    if getattr(args, "sandboxed", False):
-        argv.append("--sandboxed")
-    if args.verbose:
-        argv.insert(3, "--verbose")
     with os.fdopen(open_private(logpath, os.O_WRONLY | os.O_APPEND), "ab") as logf:
         start = logf.tell()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, cwd="/")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()  # (the CLI runs no thread: the child holds no lock another held)
+        if pid == 0:
+            _serve(logf.fileno(), repo, mountpoint, store, args, apply)
+    if started is not None:
+        started(pid)
     # the daemon imports for 0.15 s: meanwhile, on another core, what we ask it next
     import overlayckpt.messages  # noqa: F401
     deadline = time.monotonic() + READY_TIMEOUT
     ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            why = _last_error(logpath, start) or f"daemon exited with status {proc.returncode}"
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            why = _last_error(logpath, start) or f"daemon exited with status {os.waitstatus_to_exitcode(status)}"
             if created:  # a failed first mount leaves no session behind for the next to resume
                 remove_store(store)
             raise UserError(why)
         if os.path.exists(ctl):
             return
         time.sleep(0.005)  # (a stat of a missing name: looking often costs nothing)
-    proc.terminate()
+    os.kill(pid, signal.SIGTERM)
     raise UserError(f"mount did not answer within {READY_TIMEOUT:.0f} s; see {logpath}")
+
+
+def _serve(log_fd: int, repo: str, mountpoint: str, store: str, args: argparse.Namespace,
+           apply: bool) -> NoReturn:
+    """The daemon, in the mount's child: a process of its own (its session, cwd /, stdin
+    /dev/null, stdout and stderr the log, no other descriptor of the CLI's), then
+    run_daemon, which exits. Forked, not started anew: a Python start and the CLI's
+    imports again cost every mount 40 ms."""
+    try:
+        os.setsid()
+        os.chdir("/")
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        if not sys.flags.safe_path:  # (as -P: nothing imported from the cwd or the script's directory)
+            sys.path.pop(0)
+        from overlayckpt.mount import run_daemon
+        run_daemon(repo, mountpoint, store, block_size=args.block_size, window=args.window,
+                   apply_on_exit=apply, allow_other=args.allow_other,
+                   sandboxed=getattr(args, "sandboxed", False))
+    except (UserError, FsError) as e:  # (the mount reads it from the log's last line)
+        print(f"overlayckpt: {e}", file=sys.stderr, flush=True)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        os._exit(1)  # never back into the CLI's code, whatever happened above
 
 
 def _last_error(logpath: str, start: int) -> str:

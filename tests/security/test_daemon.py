@@ -303,6 +303,27 @@ def test_store_files_are_private_whatever_the_umask(repo: Path, tmp_path: Path, 
     assert _modes(store) == {} and _modes(kept) == {}
 
 
+def test_the_daemon_imports_nothing_from_where_mount_ran(repo: Path, tmp_path: Path,
+                                                        torn_down) -> None:
+    """The daemon is forked from the mount's CLI: what it imports afterwards (pyfuse3,
+    trio) must not come from the directory the CLI was started in (`python -m` puts it
+    first on sys.path), which may be a repo from anyone."""
+    here, store, mnt = tmp_path / "here", tmp_path / "store", tmp_path / "mnt"
+    here.mkdir()
+    mnt.mkdir()
+    marker = tmp_path / "ran"
+    for module in ("pyfuse3", "trio"):
+        (here / f"{module}.py").write_text(f"open({str(marker)!r}, 'a').write('{module}')\n"
+                                           "raise SystemExit(3)\n")
+    torn_down(mnt, store)
+    run_cli("mount", str(repo), str(mnt), "--store", str(store), cwd=str(here))
+    try:
+        assert (mnt / "README.md").read_text() == (repo / "README.md").read_text()
+    finally:
+        run_cli("unmount", str(mnt), "--no-apply")
+    assert not marker.exists(), marker.read_text()
+
+
 def test_the_default_store_and_its_parents_are_private(repo: Path, tmp_path: Path,
                                                       torn_down) -> None:
     data = tmp_path / "data"  # XDG_DATA_HOME, missing: the run makes it
