@@ -274,6 +274,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     # and otherwise freeing what the process drops anyway cost each unmount 30 ms
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # (a closed pipe: nothing to lose)
-            stream.flush()
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):  # (a closed pipe: nothing to lose)
+                stream.flush()
     os._exit(0)

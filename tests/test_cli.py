@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
-from conftest import force_unmount, run_cli, tree_digest, wait_daemon_gone
+from conftest import CLI, force_unmount, run_cli, tree_digest, wait_daemon_gone
 
 
 def edit(root: Path) -> None:
@@ -67,6 +68,23 @@ def test_second_mount_of_a_store_fails_cleanly(repo: Path, mount_factory, tmp_pa
     assert proc.returncode == 1
     assert proc.stderr.startswith("overlayckpt: ") and "in use" in proc.stderr
     assert (m.mnt / "README.md").read_text() == "# demo\n\nhello\n"
+
+
+def test_a_mount_started_with_its_output_closed_works(repo: Path, tmp_path: Path, torn_down) -> None:
+    """The daemon is forked from the mount's CLI: started with stdin, stdout and stderr
+    closed (as some process managers do), the CLI's Python has none of them, and the
+    daemon must still serve and log (it once died at its first write to stderr)."""
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    torn_down(mnt, store)
+    proc = subprocess.run(["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *CLI, "mount", str(repo),
+                           str(mnt), "--store", str(store)], timeout=120)
+    assert proc.returncode == 0
+    (mnt / "made.txt").write_text("made\n")
+    run_cli("unmount", str(mnt), "--no-apply")
+    wait_daemon_gone(store)
+    assert "Traceback" not in (store / "daemon.log").read_text()
+    assert "made.txt" in run_cli("--store", str(store), "--json", "log").stdout
 
 
 def test_run_returns_the_command_status(repo: Path, tmp_path: Path, torn_down) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -158,8 +159,10 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
     logpath = os.path.join(store, "daemon.log")
     with os.fdopen(open_private(logpath, os.O_WRONLY | os.O_APPEND), "ab") as logf:
         start = logf.tell()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        for stream in (sys.stdout, sys.stderr):  # (else the child would write them again)
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
         pid = os.fork()  # (the CLI runs no thread: the child holds no lock another held)
         if pid == 0:
             _serve(logf.fileno(), repo, mountpoint, store, args, apply)
@@ -192,10 +195,14 @@ def _serve(log_fd: int, repo: str, mountpoint: str, store: str, args: argparse.N
     try:
         os.setsid()
         os.chdir("/")
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
+        # (copies above 2 first: with the CLI's stdin or stdout closed, either may be 0 or 1)
+        null = fcntl.fcntl(os.open(os.devnull, os.O_RDONLY), fcntl.F_DUPFD, 3)
+        log = fcntl.fcntl(log_fd, fcntl.F_DUPFD, 3)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _stdio_to_log()
         if not sys.flags.safe_path:  # (as -P: nothing imported from the cwd or the script's directory)
             sys.path.pop(0)
         from overlayckpt.mount import run_daemon
@@ -209,6 +216,18 @@ def _serve(log_fd: int, repo: str, mountpoint: str, store: str, args: argparse.N
         sys.stderr.flush()
     finally:
         os._exit(1)  # never back into the CLI's code, whatever happened above
+
+
+def _stdio_to_log() -> None:
+    """A CLI started with stdout or stderr closed has None for them, and so has its
+    child: give it streams on descriptors 1 and 2 (the log), and the log handler too."""
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is None:
+            handler.setStream(sys.stderr)
 
 
 def _last_error(logpath: str, start: int) -> str:
