@@ -173,7 +173,10 @@ def spawn_daemon(repo: str, mountpoint: str, store: str, args: argparse.Namespac
     deadline = time.monotonic() + READY_TIMEOUT
     ctl = os.path.join(mountpoint, ".overlayckpt", "ctl")
     while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # (SIGCHLD ignored by whoever started us: reaped already)
+            done, status = pid, 1 << 8
         if done:
             why = _last_error(logpath, start) or f"daemon exited with status {os.waitstatus_to_exitcode(status)}"
             if created:  # a failed first mount leaves no session behind for the next to resume
