@@ -207,8 +207,8 @@ def describe(n: int, store: str, default: bool) -> SessionRow:
                        "created": created if isinstance(created, str) else None,
                        "last_activity": iso_time(int(mtime * 1e9)),
                        "size_bytes": _disk_bytes(store)}
+    from overlayckpt.messages import SummaryRequest
     try:
-        from overlayckpt.messages import SummaryRequest
         summary = client.call_store(store, SummaryRequest())
     except (UserError, OSError) as e:
         row["error"] = str(e)
@@ -281,8 +281,8 @@ def _family(store: str) -> Family:
     """The session's parent and forks: from its store, and the forks the repo's numbered
     sessions name (a store that cannot be read still has those)."""
     info = read_info(store)
+    from overlayckpt.messages import ForksRequest
     try:
-        from overlayckpt.messages import ForksRequest
         family = client.call_store(store, ForksRequest())
     except UserError:  # (damaged, say: it can still be dropped)
         family = {"forks": {}, "parent": _parent(info)}
@@ -318,8 +318,8 @@ def cmd_drop(args: argparse.Namespace) -> int:
         os.close(lock_fd)
     parent = family["parent"]
     if parent and is_store(parent["store"]):  # its blocks are the parent's garbage now
+        from overlayckpt.messages import UnforkRequest
         try:
-            from overlayckpt.messages import UnforkRequest
             client.call_store(parent["store"], UnforkRequest(store=store))
         except UserError:  # (harmless: a parent's gc passes over a fork that is gone)
             pass

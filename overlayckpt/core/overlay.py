@@ -456,16 +456,21 @@ class Overlay(Tree):
         bs = self.bs
         count = len(data) // bs
         keys = [bmap_key(ino, first + i) for i in range(count)]
-        now = dict(m.w.items_between(BMAP, keys[0], keys[-1]))
-        repo_to = -(-node.lower_valid // bs) if node.origin is not None else 0  # (blocks)
-        repo = [first + i for i, key in enumerate(keys) if key not in now and first + i < repo_to]
-        captured = dict(zip(repo, self._capture_repo(m, node, repo)))  # the repo's: first
-        prevs = []
-        for i, key in enumerate(keys):
-            digest = captured.get(first + i)  # (a zero block of the repo's: nothing held)
-            prevs.append(now[key] if key in now else None if digest == ZERO_BLOCK else digest)
+        stored = {from_u64(k[8:]): v for k, v in m.w.items_between(BMAP, keys[0], keys[-1])}
+        held = self._held(m, node, stored, first, first + count)  # (the repo's: first)
         digests = m.w.put_blocks(data[i * bs:(i + 1) * bs] for i in range(count))
-        m.put_many(T_BMAP, list(zip(keys, digests)), prevs)
+        m.put_many(T_BMAP, list(zip(keys, digests)), [held.get(first + i) for i in range(count)])
+
+    def _held(self, m: Mutation, node: Node, stored: dict[int, bytes], first: int,
+              end: int) -> dict[int, bytes]:
+        """What blocks first to end - 1 hold before a write or a truncate replaces or drops
+        them: stored, their bmap entries (by block number), and the repo's blocks among
+        the others, captured (_capture_repo), but for those of zeros (no entry reads the
+        same: nothing held)."""
+        repo_to = min(end, -(-node.lower_valid // self.bs)) if node.origin is not None else first
+        repo = [b for b in range(first, repo_to) if b not in stored]
+        captured = zip(repo, self._capture_repo(m, node, repo))
+        return stored | {b: digest for b, digest in captured if digest != ZERO_BLOCK}
 
     def _capture_repo(self, m: Mutation, node: Node, blocks: list[int]) -> list[bytes]:
         """The digests of these blocks (ascending) of node's repo file as it is now, stored
@@ -495,15 +500,10 @@ class Overlay(Tree):
             first_gone = -(-size // bs)
             # only blocks that hold something: stored ones, and those still the repo's
             # (a sparse file's holes cost nothing to cut)
-            stored: dict[int, bytes] = {}
-            for key, raw in m.w.range_from(BMAP, bmap_key(ino, first_gone)):
-                if not key.startswith(u64(ino)):
-                    break
-                stored[from_u64(key[8:])] = raw
-            repo_to = -(-min(node.lower_valid, node.size) // bs) if node.origin is not None else 0
-            repo = [b for b in range(first_gone, repo_to) if b not in stored]
-            held = stored | dict(zip(repo, self._capture_repo(m, node, repo)))
-            gone = [b for b in sorted(held) if b in stored or held[b] != ZERO_BLOCK]
+            last = bmap_key(ino, (1 << 64) - 1)
+            stored = {from_u64(k[8:]): v for k, v in m.w.items_between(BMAP, bmap_key(ino, first_gone), last)}
+            held = self._held(m, node, stored, first_gone, -(-node.size // bs))
+            gone = sorted(held)
             m.delete_many(T_BMAP, [bmap_key(ino, b) for b in gone], [held[b] for b in gone])
             if size % bs:
                 # zero the tail so a later extension reads zeros, as POSIX wants
