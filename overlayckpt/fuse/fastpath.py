@@ -104,6 +104,9 @@ def preload() -> None:
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
     lib.fastpath_notify_inc_epoch.restype = ctypes.c_int
+    lib.fastpath_notify_inval_entries.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p,
+                                                 ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t]
+    lib.fastpath_notify_inval_entries.restype = ctypes.c_long
     lib.fastpath_notify_inval_inodes.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                                ctypes.c_int]
     lib.fastpath_notify_inval_inodes.restype = ctypes.c_long
@@ -381,6 +384,21 @@ def notify_inc_epoch() -> int:
     if _lib is None or not active():
         return errno.ENOTCONN
     return -_lib.fastpath_notify_inc_epoch()
+
+
+def notify_inval_entries(entries: list[tuple[int, bytes]]) -> int | None:
+    """Have the kernel forget each (parent inode, name), in one call without the GIL.
+    How many it held; None without the library (the caller then asks pyfuse3 one at a
+    time). Raises OSError on a failure other than "not held" (the mount went away)."""
+    if _lib is None or not active():
+        return None
+    parents = (ctypes.c_uint64 * len(entries))(*[parent for parent, _ in entries])
+    lens = (ctypes.c_uint32 * len(entries))(*[len(name) for _, name in entries])
+    had = _lib.fastpath_notify_inval_entries(parents, b"".join(name for _, name in entries),
+                                             lens, len(entries))
+    if had < 0:
+        raise OSError(-had, os.strerror(-had))
+    return int(had)
 
 
 def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | None:

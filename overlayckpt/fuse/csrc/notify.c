@@ -9,6 +9,8 @@
  *   the mount (names and negative names alike) is looked up again at its next use.
  *   It drops names only: attributes, pages and directory listings stay, and are
  *   dropped per inode (below). An older kernel answers EINVAL (an unknown code).
+ * - fastpath_notify_inval_entries: FUSE_NOTIFY_INVAL_ENTRY for each (parent, name)
+ *   of an array: the kernel forgets those names (and what it cached below them).
  * - fastpath_notify_inval_inodes: FUSE_NOTIFY_INVAL_INODE (attributes, pages and the
  *   listing of a directory) for each inode of an array, in one call that runs
  *   without the GIL (ctypes lets go of it), so a restore that changed 20,000 files
@@ -19,6 +21,8 @@
  * thread, as libfuse's own notifications and replies do.
  */
 #include "fastpath.h"
+
+#define NAME_MOST 1024  /* the kernel's FUSE_NAME_MAX: no longer name is ever cached */
 
 #ifndef FUSE_NOTIFY_INC_EPOCH
 #define FUSE_NOTIFY_INC_EPOCH 8  /* linux/fuse.h of 6.16+; Debian 12's stops at 7.38 */
@@ -59,6 +63,38 @@ int fastpath_notify_inc_epoch(void)
     if (fd < 0)
         return -ENOTCONN;
     return send_notify(fd, FUSE_NOTIFY_INC_EPOCH, NULL, 0);
+}
+
+/* How many of the n names the kernel had (and forgot); -errno on a failure other
+   than "not cached" (ENOENT), which stops the loop. Name i is lens[i] bytes of names,
+   after the ones before it. */
+long fastpath_notify_inval_entries(const uint64_t *parents, const char *names,
+                                   const uint32_t *lens, size_t n)
+{
+    struct {
+        struct fuse_notify_inval_entry_out head;
+        char name[NAME_MOST + 1];
+    } arg;
+    long had = 0;
+    int fd = session_fd(), err;
+
+    if (fd < 0)
+        return -ENOTCONN;
+    for (size_t i = 0; i < n; names += lens[i], i++) {
+        if (lens[i] == 0 || lens[i] > NAME_MOST)
+            continue;  /* (no such name can be cached) */
+        memset(&arg.head, 0, sizeof(arg.head));
+        arg.head.parent = parents[i];
+        arg.head.namelen = lens[i];
+        memcpy(arg.name, names, lens[i]);
+        arg.name[lens[i]] = '\0';  /* the kernel wants it */
+        err = send_notify(fd, FUSE_NOTIFY_INVAL_ENTRY, &arg, sizeof(arg.head) + lens[i] + 1);
+        if (err == 0)
+            had++;
+        else if (err != -ENOENT)
+            return err;
+    }
+    return had;
 }
 
 /* How many of the n inodes the kernel had (and dropped the caches of); -errno on a
