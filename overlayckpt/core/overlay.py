@@ -222,9 +222,11 @@ class Overlay(Tree):
 
     def _unlink_entry(self, m: Mutation, parent: int, pnode: Node, name: bytes) -> None:
         key = dirent_key(parent, name)
-        if self.merges_lower(pnode):
-            m.put(T_DIRENTS, key, WHITEOUT)  # hides a lower entry of that name
+        if self.merges_lower(pnode) and self.lower_has(pnode, name):
+            m.put(T_DIRENTS, key, WHITEOUT)  # hides the repo's entry of that name
         elif m.get(DIRENTS, key) is not None:
+            # (a name the repo lacks needs no whiteout: an editor's temporary files would
+            # leave one each, for the listings to skip and restores to carry)
             m.delete(T_DIRENTS, key)
 
     def _new_node(self, m: Mutation, parent: int, pnode: Node, mode: int, uid: int, gid: int,

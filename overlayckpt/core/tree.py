@@ -190,6 +190,14 @@ class Tree:
     def merges_lower(self, node: Node) -> bool:
         return node.origin is not None and not node.flags & F_OPAQUE
 
+    def lower_has(self, pnode: Node, name: bytes) -> bool:
+        """Whether the repo directory that pnode merges holds name (when in doubt: yes)."""
+        try:
+            self.lower.stat(join(pnode.origin or b"", name), siblings=False)
+        except FsError as e:
+            return e.errno not in (errno.ENOENT, errno.ENOTDIR)
+        return True
+
     # -- names ----------------------------------------------------------------
 
     def lookup(self, s: State, parent: int, name: bytes, siblings: bool = True) -> int:

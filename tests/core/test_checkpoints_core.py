@@ -17,8 +17,9 @@ from overlayckpt.core.conversation import all_lines, live_lines
 from overlayckpt.core.journal import Caller, records
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
-from overlayckpt.records import ROOT_INO
+from overlayckpt.records import ROOT_INO, u64
 from overlayckpt.service.session import Session
+from overlayckpt.tables import DIRENTS
 
 from .helpers_core import ME, OTHER, content, ino, native_tree, tree_of
 
@@ -200,6 +201,31 @@ async def test_a_restore_that_deletes_a_directory_invalidates_its_name_not_what_
     back = await session.command({"cmd": "restore", "id": "@before-last"})
     assert hooks.entries == [(ROOT_INO, b"made")] and hooks.inodes == [ROOT_INO]
     assert tree_of(ov) == after and back["changed_keys"] == 2
+
+
+async def test_an_editors_temporary_names_leave_nothing_for_a_restore_to_undo(
+        session: Session, hooks: KernelHooks) -> None:
+    """Atomic saves in a repo directory: a temporary name written, then renamed over the
+    file. The repo never had the temporary names, so nothing hides them afterwards and
+    a restore across the saves changes (and has the kernel forget) the files' names
+    only. A repo file removed is still hidden, and comes back."""
+    ov = session.overlay
+    docs = ino(ov, "docs")
+    await session.command({"cmd": "checkpoint", "name": "before"})
+    start = tree_of(ov)
+    for i in range(3):
+        tmp, _ = ov.create(ME, docs, b".guide.txt.tmp%d" % i, REG, 0, 0)
+        ov.write(ME, tmp, 0, b"saved %d\n" % i)
+        ov.rename(ME, docs, b".guide.txt.tmp%d" % i, docs, b"guide.txt", 0)
+    ov.remove(ME, ROOT_INO, b"README.md", False)
+    after = tree_of(ov)
+    rows = session.store.read(lambda r: [k[8:] for k, _ in r.prefix(DIRENTS, u64(docs))])
+    assert rows == [b"guide.txt"]
+    await session.command({"cmd": "restore", "id": "before"})
+    assert tree_of(ov) == start
+    assert sorted(hooks.entries) == [(ROOT_INO, b"README.md"), (docs, b"guide.txt")]
+    await session.command({"cmd": "restore", "id": "@before-last"})
+    assert tree_of(ov) == after
 
 
 async def test_restore_is_undone_with_before_last(session: Session, hooks: KernelHooks) -> None:
