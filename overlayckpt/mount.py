@@ -20,7 +20,8 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from overlayckpt.core import writebehind
 from overlayckpt.fuse import fastpath
@@ -78,19 +79,40 @@ EPOCH_ABOVE = 100_000
 INVALIDATION_ENV = "OVERLAYCKPT_KERNEL_INVALIDATION"
 
 
+T = TypeVar("T")
+
+
+def _drop(what: str, items: list[T], in_c: Callable[[list[T]], int | None],
+          one: Callable[[T], None]) -> None:
+    """Have the kernel drop what it caches of items: in C, in one call, or one by one
+    through pyfuse3 without the library, or if C failed (the mount went away: pyfuse3
+    then says the same per item)."""
+    try:
+        if in_c(items) is not None:
+            return
+    except OSError as e:
+        log.warning("invalidating %d %s in C failed: %s", len(items), what, e)
+    for item in items:
+        try:
+            one(item)
+        except OSError:
+            pass  # the kernel never cached it
+
+
 class Kernel:
     """The kernel hooks of the core (core/context.py) for the mount at mountpoint."""
 
     def __init__(self, mountpoint: str, forgotten: Forgotten) -> None:
         self.mountpoint = mountpoint
         self.epoch = False  # whether the kernel takes FUSE_NOTIFY_INC_EPOCH (probe_epoch)
-        self.epoch_above = 0 if os.environ.get(INVALIDATION_ENV) == "epoch" else EPOCH_ABOVE
+        self.forced = os.environ.get(INVALIDATION_ENV)  # "entries", "epoch" or None
+        self.epoch_above = 0 if self.forced == "epoch" else EPOCH_ABOVE
         self.forgotten = forgotten  # the inodes whose attributes it made the kernel drop
 
     def probe_epoch(self) -> None:
         """Once mounted: whether this kernel (6.16+) drops every name at once. The probe
         is a real epoch bump, which costs nothing before anything is looked up."""
-        if os.environ.get(INVALIDATION_ENV) == "entries":
+        if self.forced == "entries":
             return
         err = fastpath.notify_inc_epoch()
         self.epoch = err == 0
@@ -133,26 +155,9 @@ class Kernel:
                     log.warning("FUSE_NOTIFY_INC_EPOCH failed (%s): names are invalidated "
                                 "one by one", os.strerror(err))
                     self.epoch = False
-            try:
-                done = fastpath.notify_inval_entries(names) is not None
-            except OSError as e:  # (the mount went away: pyfuse3 says the same per name)
-                log.warning("invalidating %d names in C failed: %s", len(names), e)
-                done = False
-            for parent, name in [] if done else names:
-                try:
-                    pyfuse3.invalidate_entry(parent, name)
-                except OSError:
-                    pass  # the kernel never cached it
-            try:
-                if fastpath.notify_inval_inodes(inodes) is not None:
-                    return
-            except OSError as e:  # (the mount went away: pyfuse3 says the same per inode)
-                log.warning("invalidating %d inodes in C failed: %s", len(inodes), e)
-            for ino in inodes:
-                try:
-                    pyfuse3.invalidate_inode(ino)
-                except OSError:
-                    pass
+            _drop("names", names, fastpath.notify_inval_entries,
+                  lambda entry: pyfuse3.invalidate_entry(*entry))
+            _drop("inodes", inodes, fastpath.notify_inval_inodes, pyfuse3.invalidate_inode)
         await trio.to_thread.run_sync(run)
 
     async def flush_kernel(self) -> None:

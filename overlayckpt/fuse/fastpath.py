@@ -394,11 +394,8 @@ def notify_inval_entries(entries: list[tuple[int, bytes]]) -> int | None:
         return None
     parents = (ctypes.c_uint64 * len(entries))(*[parent for parent, _ in entries])
     lens = (ctypes.c_uint32 * len(entries))(*[len(name) for _, name in entries])
-    had = _lib.fastpath_notify_inval_entries(parents, b"".join(name for _, name in entries),
-                                             lens, len(entries))
-    if had < 0:
-        raise OSError(-had, os.strerror(-had))
-    return int(had)
+    return _held(_lib.fastpath_notify_inval_entries(parents, b"".join(name for _, name in entries),
+                                                    lens, len(entries)))
 
 
 def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | None:
@@ -409,7 +406,11 @@ def notify_inval_inodes(inodes: list[int], attr_only: bool = False) -> int | Non
     if _lib is None or not active():
         return None
     arr = (ctypes.c_uint64 * len(inodes))(*inodes)
-    had = _lib.fastpath_notify_inval_inodes(arr, len(inodes), int(attr_only))
+    return _held(_lib.fastpath_notify_inval_inodes(arr, len(inodes), int(attr_only)))
+
+
+def _held(had: int) -> int:
+    """A notify loop's count of what the kernel held, or its -errno raised."""
     if had < 0:
         raise OSError(-had, os.strerror(-had))
     return int(had)
