@@ -164,8 +164,8 @@ class Twins:
             self.both(lambda r: os.symlink(os.path.basename(f), r / new))
         elif kind == "link":
             self.both(lambda r: os.link(r / f, r / new))
-        elif kind == "utime":
-            t = rng.randrange(10**9, 2 * 10**9) * 10**9
+        elif kind == "utime":  # (before 1970 too: C gets those as the kernel's signed seconds)
+            t = rng.randrange(-2 * 10**9, 2 * 10**9) * 10**9 + rng.randrange(10**9)
             self.both(lambda r: os.utime(r / f, ns=(t, t)))
         elif kind == "rename dir":
             if len(dirs) < 2:
@@ -333,3 +333,27 @@ def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: Mou
     for name in names[::7]:
         assert attrs(m.mnt / "big" / name) == synced(m.mnt / "big" / name)
     assert counters(m)[0] > before
+
+
+def test_times_before_1970_are_answered_as_natively(mount_factory: MountFactory,
+                                                   tmp_path: Path) -> None:
+    """A repo file dated before 1970 (an old archive's, or anyone's on purpose), and one
+    dated so on the mount: every lookup and listing of their directory answers, with
+    the native times (a published listing packed them as unsigned seconds: the lookup
+    failed with EIO, and so did ls of the whole directory)."""
+    repo = make_repo(tmp_path / "repo")
+    old = -315_619_200 * 10**9 + 123_456_789  # 1960-01-01, and some ns
+    for name in ("a", "b", "old"):
+        (repo / "docs" / name).write_text(name)
+    os.utime(repo / "docs" / "old", ns=(old, old))
+    m = mount_factory(repo)
+    os.utime(m.mnt / "docs" / "a", ns=(old - 10**9, old - 10**9))
+    os.utime(m.mnt / "src", ns=(-1, -1))
+    for walk in range(2):  # by path (lookups), then by listing (READDIRPLUS)
+        forget_names()
+        if walk:
+            assert sorted(os.listdir(m.mnt / "docs")) == ["a", "b", "guide.txt", "old"]
+        for rel, want in (("docs/old", old), ("docs/a", old - 10**9), ("src", -1),
+                          ("docs/b", os.lstat(repo / "docs" / "b").st_mtime_ns)):
+            assert os.lstat(m.mnt / rel).st_mtime_ns == want, rel
+            assert attrs(m.mnt / rel) == synced(m.mnt / rel), rel

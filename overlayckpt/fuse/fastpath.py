@@ -275,6 +275,9 @@ def dir_attrs_answered() -> int:
 # blocks, atime, mtime, ctime, their nsecs, mode, nlink, uid, gid, rdev, blksize, flags).
 _LEN = struct.Struct("<I")
 ENTRY_OUT = struct.Struct("<QQQQII6Q10I")
+# Its times' seconds are the kernel's signed 64 bits in unsigned fields, as libfuse
+# casts a time_t: a time before 1970 goes as its two's complement (& U64).
+U64 = (1 << 64) - 1
 # A bigger listing is not published: packing it would cost its readdir more than C's
 # answers save (names.c takes at most a quarter of its 32 MiB in one listing anyway).
 PUBLISH_MOST = 16384
@@ -323,7 +326,7 @@ def _entry_out(a: EntryAttributes) -> bytes:
     entry, attr = int(a.entry_timeout), int(a.attr_timeout)
     return ENTRY_OUT.pack(a.st_ino, a.generation, entry, attr,
                           int((a.entry_timeout - entry) * 1e9), int((a.attr_timeout - attr) * 1e9),
-                          a.st_ino, a.st_size, a.st_blocks, atime, mtime, ctime,
+                          a.st_ino, a.st_size, a.st_blocks, atime & U64, mtime & U64, ctime & U64,
                           atime_ns, mtime_ns, ctime_ns, a.st_mode, a.st_nlink, a.st_uid,
                           a.st_gid, a.st_rdev, a.st_blksize, 0)
 
