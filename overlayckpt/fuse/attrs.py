@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pyfuse3
 
+from overlayckpt.fuse.fastpath import ENTRY_OUT, U64
 from overlayckpt.records import Node
 
 # The daemon is the only writer of what it serves and invalidates the kernel
@@ -45,6 +46,25 @@ def entry_attrs(ino: int, node: Node, block_size: int) -> pyfuse3.EntryAttribute
     a.st_mtime_ns = node.mtime_ns
     a.st_ctime_ns = node.ctime_ns
     return a
+
+
+_TIMEOUT_S = int(CACHE_TIMEOUT)
+_TIMEOUT_NS = int((CACHE_TIMEOUT - _TIMEOUT_S) * 1e9)
+_pack_entry = ENTRY_OUT.pack
+
+
+def entry_record(ino: int, node: Node, block_size: int) -> bytes:
+    """What entry_attrs answers, as the struct fuse_entry_out C publishes (fastpath.py's
+    _entry_out of it, byte for byte): a walk publishes every name it lists, and making
+    the attributes first cost as much again."""
+    size = node.size
+    atime, atime_ns = divmod(node.atime_ns, 1_000_000_000)
+    mtime, mtime_ns = divmod(node.mtime_ns, 1_000_000_000)
+    ctime, ctime_ns = divmod(node.ctime_ns, 1_000_000_000)
+    return _pack_entry(ino, 0, _TIMEOUT_S, _TIMEOUT_S, _TIMEOUT_NS, _TIMEOUT_NS,
+                       ino, size, (size + 511) // 512, atime & U64, mtime & U64, ctime & U64,
+                       atime_ns, mtime_ns, ctime_ns, node.mode, max(node.nlink, 0), node.uid,
+                       node.gid, node.rdev, block_size, 0)
 
 
 def virtual_attrs(v: VirtualAttr) -> pyfuse3.EntryAttributes:

@@ -331,15 +331,22 @@ def _entry_out(a: EntryAttributes) -> bytes:
                           a.st_gid, a.st_rdev, a.st_blksize, 0)
 
 
-def publish_dir(stamp: int, ino: int, listing: list[tuple[bytes, EntryAttributes]]) -> int:
+def entry_records(listing: list[tuple[bytes, EntryAttributes]]) -> list[tuple[bytes, bytes]]:
+    """A listing of attributes as publish_dir takes it."""
+    return [(name, _entry_out(a)) for name, a in listing]
+
+
+def publish_dir(stamp: int, ino: int, records: list[tuple[bytes, bytes]]) -> int:
     """Have C answer the LOOKUPs of directory ino's names and its READDIRPLUS (names.c)
-    while nothing in it changes. listing: ".", "..", then its names sorted, with what
-    Python answers for each (its readdir's listing), read at names_clock() stamp.
-    The listing's number in C (the offset C gives each entry's successor is
-    LISTING_MARK | number << 32 | index + 1), or 0 if C did not take it."""
-    if _lib is None or len(listing) > PUBLISH_MOST:
+    while nothing in it changes. records: ".", "..", then its names sorted, each with
+    what Python answers for it as struct fuse_entry_out (entry_records, attrs.py's
+    entry_record), read at names_clock() stamp. The listing's number in C (the offset
+    C gives each entry's successor is LISTING_MARK | number << 32 | index + 1), or 0
+    if C did not take it."""
+    if _lib is None or len(records) > PUBLISH_MOST:
         return 0
-    buf = b"".join([b"".join((_LEN.pack(len(name)), name, _entry_out(a))) for name, a in listing])
+    pack = _LEN.pack
+    buf = b"".join([b"".join((pack(len(name)), name, record)) for name, record in records])
     return int(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
 
 

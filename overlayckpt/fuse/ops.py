@@ -28,7 +28,7 @@ from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import Overlay, keep_up, make_durable
 from overlayckpt.errors import FsError
 from overlayckpt.fuse import fastpath
-from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs
+from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs, entry_record
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.fuse.forgotten import Forgotten
@@ -205,7 +205,7 @@ class Operations(pyfuse3.Operations):
         counted as listed: publishing it would stall this lookup.) stamp: the names clock
         before the lookup read anything."""
         if not self.ov.store.deferred():  # (their inodes' attributes are not stored yet)
-            fastpath.publish_dir(stamp, parent, self.ov.peek(lambda r: self._list(r, parent)))
+            fastpath.publish_dir(stamp, parent, self.ov.peek(lambda r: self._records(r, parent)))
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -273,8 +273,8 @@ class Operations(pyfuse3.Operations):
         self._named(parent, name)
         if stat.S_ISDIR(mode) and fastpath.loaded():
             # its listing, with no names: from what the commit wrote, read nothing again
-            fastpath.publish_dir(fastpath.names_clock(), made[0], [
-                (b".", self._attrs(*made)), (b"..", self._attrs(parent, self.ov.written(parent)))])
+            fastpath.publish_dir(fastpath.names_clock(), made[0], fastpath.entry_records([
+                (b".", self._attrs(*made)), (b"..", self._attrs(parent, self.ov.written(parent)))]))
         return made
 
     def _named(self, parent: int, name: bytes) -> None:
@@ -500,14 +500,23 @@ class Operations(pyfuse3.Operations):
         # its readdirplus wrapper passes the same marked inode.)
         return KERNEL_HANDLE | inode
 
-    def _list(self, r: Any, ino: int) -> list[tuple[bytes, pyfuse3.EntryAttributes]]:
-        """Directory ino's listing in state r: ".", "..", then its names."""
+    def _entries(self, r: Any, ino: int) -> list[tuple[bytes, int, Node]]:
+        """Directory ino's entries in state r: ".", "..", then its names."""
         parent = self.ov.parents.get(ino, (ROOT_INO, b""))[0] if ino != ROOT_INO else ROOT_INO
-        out = [(b".", self._attrs(ino, self.ov.node(r, ino))),
-               (b"..", self._attrs(parent, self.ov.node(r, parent)))]
+        out = [(b".", ino, self.ov.node(r, ino)), (b"..", parent, self.ov.node(r, parent))]
         for name, child, cnode in self.ov.entries(r, ino):
-            out.append((name, self._attrs(child, cnode or self.ov.node(r, child))))
+            out.append((name, child, cnode or self.ov.node(r, child)))
         return out
+
+    def _list(self, r: Any, ino: int) -> Listing:
+        """Directory ino's listing in state r, as readdir replies it."""
+        bs = self.ov.bs
+        return [(name, entry_attrs(child, node, bs)) for name, child, node in self._entries(r, ino)]
+
+    def _records(self, r: Any, ino: int) -> list[tuple[bytes, bytes]]:
+        """Directory ino's listing in state r, as C publishes it (fastpath.publish_dir)."""
+        bs = self.ov.bs
+        return [(name, entry_record(child, node, bs)) for name, child, node in self._entries(r, ino)]
 
     def _listing(self, ino: int) -> tuple[Listing, int]:
         """ino's listing now, which C answers the next READDIRPLUS and lookups from while
@@ -515,7 +524,8 @@ class Operations(pyfuse3.Operations):
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
         stamp, listing = self._read_for_c(lambda r: self._list(r, ino))
-        number = fastpath.publish_dir(stamp, ino, listing) if fastpath.loaded() else 0
+        number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
+            if fastpath.loaded() else 0
         return listing, number
 
     def _read_for_c(self, fn: Callable[[Any], T]) -> tuple[int, T]:

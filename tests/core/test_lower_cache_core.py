@@ -41,3 +41,36 @@ def test_the_cache_stays_bounded_and_a_huge_directory_is_listed_once(
         assert b"huge" not in lower._listings
     finally:
         lower.close()
+
+
+def test_a_small_directory_is_listed_at_its_first_name_a_big_one_at_its_second(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A walk looks up a directory's names one after the other: a small directory is
+    listed (every entry stat-ed, and C answers the rest) at the first; a big one only
+    at the second, so that one edit in it costs one stat."""
+    repo = tmp_path / "repo"
+    (repo / "small").mkdir(parents=True)
+    (repo / "small" / "only").write_bytes(b"x")
+    (repo / "big").mkdir()
+    for f in range(400):
+        (repo / "big" / f"a-rather-long-file-name-{f:04d}").write_bytes(b"y")
+    if os.lstat(repo / "big").st_size <= lower_module.SMALL_DIR_BYTES:
+        pytest.skip("this file system gives directories no size by their names")
+    assert os.lstat(repo / "small").st_size <= lower_module.SMALL_DIR_BYTES
+    lower = Lower(str(repo))
+    listed: list[bytes] = []
+    real = lower._listdir
+    def listdir(path: bytes) -> list[tuple[bytes, Stat]]:
+        listed.append(path)
+        return real(path)
+    monkeypatch.setattr(lower, "_listdir", listdir)
+    try:
+        lower.listdir(b"")  # (a walk listed the root: its directories' sizes are known)
+        assert lower.stat(b"small/only").st_ino == os.lstat(repo / "small" / "only").st_ino
+        assert listed == [b"", b"small"]
+        lower.stat(b"big/a-rather-long-file-name-0000")
+        assert listed == [b"", b"small"]
+        lower.stat(b"big/a-rather-long-file-name-0001")
+        assert listed == [b"", b"small", b"big"]
+    finally:
+        lower.close()
