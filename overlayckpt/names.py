@@ -166,4 +166,6 @@ def _escape_char(c: str) -> str:
     o = ord(c)
     if c in "\n\t\r":
         return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}[c]
+    if 0xDC80 <= o <= 0xDCFF:  # a byte of a name that is not UTF-8 (surrogateescape): as the byte
+        return f"\\x{o - 0xDC00:02x}"
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
