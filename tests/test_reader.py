@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import CLI, Mount, daemon_pid, proc_alive, run_cli, stop_daemon, wait_for
 
 DEADLINE = 60.0
@@ -178,3 +180,33 @@ def test_a_change_deep_in_the_repo_is_found_by_a_process_that_looked_nothing_up(
         assert "M docs/deep/notes.txt +1 -1" in m.cli("log", "--limit", "1").stdout, when
         m.cli("unmount", str(m.mnt), "--no-apply")
         run_cli("mount", str(repo), str(m.mnt), "--store", str(m.store))
+
+
+@pytest.mark.parametrize("then", [signal.SIGCONT, signal.SIGKILL], ids=["goes-on", "dies"])
+def test_a_restores_file_list_is_made_in_a_reader(mounted: Mount, then: int) -> None:
+    """A restore's file list (seconds of Python after a big restore) is a reader's work,
+    not a thread's that would hold the GIL the mount's requests need: with the reader
+    stopped, the restore answers and the mount serves, the list waits in the reader's
+    pipe, and comes once the reader goes on, or from the daemon if the reader dies."""
+    m = mounted
+    m.cli("log")
+    reader = one_reader(m)
+    before = m.ctl_ok({"cmd": "checkpoint", "name": "before"})["id"]
+    for i in range(20):
+        (m.mnt / f"new{i}.txt").write_text(f"{i}\n")
+    m.ctl_ok({"cmd": "checkpoint", "name": "after"})
+    os.kill(reader, signal.SIGSTOP)
+    try:
+        made = m.ctl_ok({"cmd": "restore", "id": before})["id"]
+        wait_for(lambda: _stopped_with_input(reader), "the file list to reach the stopped reader")
+        assert not (m.mnt / "new0.txt").exists()
+        (m.mnt / "b.txt").write_text("b\n")
+        assert "b.txt" in os.listdir(m.mnt)
+    finally:
+        os.kill(reader, then)
+
+    def listed() -> bool:
+        row = next(c for c in m.ctl_ok({"cmd": "log", "limit": 50})["checkpoints"]
+                   if c["id"] == made)
+        return sorted(f["path"] for f in row["files"]) == sorted(f"new{i}.txt" for i in range(20))
+    wait_for(listed, "the restore's files listed")

@@ -7,8 +7,9 @@ default to no-ops: a session opened without a mount has no kernel cache to drop.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.overlay import Overlay
@@ -27,6 +28,20 @@ async def no_flush() -> None:
     return None
 
 
+class Readers(Protocol):
+    """The mount's reader processes (service/reader.py): a reading by its name there."""
+
+    async def call(self, name: str, cmd: Any) -> Mapping[str, object]: ...
+
+
+@dataclass(slots=True)
+class Elsewhere:
+    """Where long read-only work runs beside the mount: its reader processes, once the
+    daemon has started them (None: in a worker thread). A worker thread's Python holds
+    the GIL that the request loop needs; a reader is a process of its own."""
+    readers: Readers | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     store: Store
@@ -38,6 +53,7 @@ class Context:
     invalidate: Invalidate = no_invalidate
     # have the kernel send every dirty page before a restore (the mount: syncfs)
     flush_kernel: FlushKernel = no_flush
+    elsewhere: Elsewhere = field(default_factory=Elsewhere)
 
     @property
     def mounted(self) -> bool:

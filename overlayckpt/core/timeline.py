@@ -38,7 +38,7 @@ from overlayckpt.core.journal import (
 )
 from overlayckpt.core.latency import Phases
 from overlayckpt.core.workers import read_off_loop
-from overlayckpt.errors import FsError, UserError
+from overlayckpt.errors import FsError, ReaderFailed, UserError
 from overlayckpt.messages import Change, RestoreReply
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
 from overlayckpt.records import (
@@ -74,6 +74,8 @@ _listing: dict[int, trio.CancelScope] = {}
 # (a log, a diff, the agent's next edits) come first (a list of 60k keys costs ~250 ms of
 # a worker, which holds the GIL)
 LIST_AFTER = 2.0
+# the reading (service/commands.py) that runs restore_files in a reader process
+RESTORE_FILES = "restore-files"
 
 
 def stop_listing(store: Any) -> bool:
@@ -341,7 +343,7 @@ class Timeline:
         then one short transaction per record. Returns how many were listed."""
         done = 0
         while True:
-            found = await read_off_loop(self.store, self._restore_files)
+            found = await self._find_restore_files()
             if found is None:
                 return done
             seq, files = found
@@ -361,7 +363,21 @@ class Timeline:
                 if _listing.get(id(self.store)) is scope:
                     del _listing[id(self.store)]
 
-    def _restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
+    async def _find_restore_files(self) -> tuple[int, list[FileChange] | None] | None:
+        """restore_files in a reader process of the mount, else a worker thread. A list
+        of 20,000 files is seconds of Python: in a thread of the daemon it held the GIL
+        the request loop needs, and a walk right after a restore took twice as long."""
+        readers = self.ctx.elsewhere.readers
+        if readers is not None:
+            try:
+                reply = await readers.call(RESTORE_FILES, None)
+                return reply["found"]  # type: ignore[return-value]  # (a reading's reply: plain data)
+            except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): listed here
+                log.warning("the store's reader failed, the restore's files are listed in "
+                            "the daemon: %s", str(e).strip().splitlines()[-1:])
+        return await read_off_loop(self.store, self.restore_files)
+
+    def restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
         """The oldest restore left without its file list, and that list (None: thinning
         merged its records with others, which list none of its files)."""
         hit = r.seek(META, RESTORE_FILES_KEY)

@@ -19,7 +19,7 @@ from overlayckpt.core.journal import Caller
 from overlayckpt.core.overlay import make_durable
 from overlayckpt.core.patch import render, stat_lines
 from overlayckpt.core.summaries import Files, checkpoint_entry, is_internal
-from overlayckpt.core.timeline import Timeline
+from overlayckpt.core.timeline import RESTORE_FILES, Timeline
 from overlayckpt.errors import FsError, UserError
 from overlayckpt.messages import (
     ApplyReply,
@@ -52,7 +52,7 @@ from overlayckpt.messages import (
     UnforkRequest,
 )
 from overlayckpt.records import Checkpoint
-from overlayckpt.service.registry import command, reading
+from overlayckpt.service.registry import READINGS, command, reading
 from overlayckpt.service.session import Session
 from overlayckpt.store.lmdbstore import Store
 from overlayckpt.store.txn import ReadTxn
@@ -91,6 +91,15 @@ async def _log(s: Session, cmd: LogRequest) -> LogReply:
     reply = cast(LogReply, await s.read_off_loop(cmd))
     reply["forked_from"] = parent and {"store": parent[0], "checkpoint": parent[1]}
     return reply
+
+
+def _restore_files_read(s: Session, store: Store, cmd: None) -> dict[str, object]:
+    """The next restore's file list, for the daemon to record (Timeline.complete_restores):
+    a reading of the daemon's own, which no command names."""
+    return {"found": store.read(Timeline(s.ctx).restore_files)}
+
+
+READINGS[RESTORE_FILES] = _restore_files_read
 
 
 @reading(LogRequest)

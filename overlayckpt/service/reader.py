@@ -1,9 +1,9 @@
 """The reader: the read-only work of commands, in processes of their own beside the daemon.
 
 A command's reading (log's file lists and line counts, a diff, show, a whole-store
-check: registry.READINGS) is Python on the CPU. In a thread of the daemon it holds
-the GIL the request loop needs, and when the machine has fewer cores than busy
-processes it takes the cores the requests need. A reader is a separate process at
+check, a restore's file list: registry.READINGS) is Python on the CPU. In a thread
+of the daemon it holds the GIL the request loop needs, and when the machine has
+fewer cores than busy processes it takes the cores the requests need. A reader is a separate process at
 a lower priority (NICE): the kernel runs the mount's requests first, and nothing is
 shared with them but the store's map, which LMDB serves to readers in other
 processes as it is at each read's start. A reader opens the store read-only and

@@ -99,7 +99,6 @@ class Session:
         self.captures = captures if captures is not None else Captures()
         self.command_times = {name: Histogram() for name in TIMED_COMMANDS}
         self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
-        self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
         # the sync point commands start as they answer (_sync_soon): one at a time, and
         # whether another was asked for while it ran (it covers only what came before it)
@@ -161,6 +160,15 @@ class Session:
                       invalidate=invalidate, flush_kernel=flush_kernel)
         return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status,
                    sandboxed=sandboxed, request_stats=request_stats, captures=captures)
+
+    @property
+    def readers(self) -> Any:
+        """The mount's reader processes (service/reader.py), if any: set by the daemon."""
+        return self.ctx.elsewhere.readers
+
+    @readers.setter
+    def readers(self, readers: Any) -> None:
+        self.ctx.elsewhere.readers = readers
 
     @classmethod
     def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> Session:
