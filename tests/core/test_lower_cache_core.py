@@ -11,6 +11,19 @@ from overlayckpt.core import lower as lower_module
 from overlayckpt.core.lower import Lower, Stat
 
 
+def counted_lower(repo: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Lower, list[bytes]]:
+    """A Lower over repo, and the directories it lists from the disk, in order."""
+    lower = Lower(str(repo))
+    listed: list[bytes] = []
+    real = lower._listdir
+
+    def listdir(path: bytes) -> list[tuple[bytes, Stat]]:
+        listed.append(path)
+        return real(path)
+    monkeypatch.setattr(lower, "_listdir", listdir)
+    return lower, listed
+
+
 def test_the_cache_stays_bounded_and_a_huge_directory_is_listed_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lower_module, "CACHE_ENTRIES", 64)
@@ -22,13 +35,7 @@ def test_the_cache_stays_bounded_and_a_huge_directory_is_listed_once(
     (repo / "huge").mkdir()
     for f in range(80):  # more than the whole cache holds
         (repo / "huge" / f"f{f:02d}").write_bytes(b"y" * f)
-    lower = Lower(str(repo))
-    listed: list[bytes] = []
-    real = lower._listdir
-    def listdir(path: bytes) -> list[tuple[bytes, Stat]]:
-        listed.append(path)
-        return real(path)
-    monkeypatch.setattr(lower, "_listdir", listdir)
+    lower, listed = counted_lower(repo, monkeypatch)
     try:
         for top in sorted(os.listdir(repo)):
             for name in sorted(os.listdir(repo / top)):
@@ -57,13 +64,7 @@ def test_a_small_directory_is_listed_at_its_first_name_a_big_one_at_its_second(
     if os.lstat(repo / "big").st_size <= lower_module.SMALL_DIR_BYTES:
         pytest.skip("this file system gives directories no size by their names")
     assert os.lstat(repo / "small").st_size <= lower_module.SMALL_DIR_BYTES
-    lower = Lower(str(repo))
-    listed: list[bytes] = []
-    real = lower._listdir
-    def listdir(path: bytes) -> list[tuple[bytes, Stat]]:
-        listed.append(path)
-        return real(path)
-    monkeypatch.setattr(lower, "_listdir", listdir)
+    lower, listed = counted_lower(repo, monkeypatch)
     try:
         lower.listdir(b"")  # (a walk listed the root: its directories' sizes are known)
         assert lower.stat(b"small/only").st_ino == os.lstat(repo / "small" / "only").st_ino
