@@ -74,8 +74,7 @@ _listing: dict[int, trio.CancelScope] = {}
 # (a log, a diff, the agent's next edits) come first (a list of 60k keys costs ~250 ms of
 # a worker, which holds the GIL)
 LIST_AFTER = 2.0
-# the reading (service/commands.py) that runs restore_files in a reader process
-RESTORE_FILES = "restore-files"
+RESTORE_FILES = "restore-files"  # the reading that runs restore_files (service/commands.py)
 
 
 def stop_listing(store: Any) -> bool:
@@ -364,17 +363,13 @@ class Timeline:
                     del _listing[id(self.store)]
 
     async def _find_restore_files(self) -> tuple[int, list[FileChange] | None] | None:
-        """restore_files in a reader process of the mount, else a worker thread. A list
-        of 20,000 files is seconds of Python: in a thread of the daemon it held the GIL
-        the request loop needs, and a walk right after a restore took twice as long."""
-        readers = self.ctx.elsewhere.readers
-        if readers is not None:
-            try:
-                reply = await readers.call(RESTORE_FILES, None)
-                return reply["found"]  # type: ignore[return-value]  # (a reading's reply: plain data)
+        """restore_files in a reader process, else a thread (whose Python holds the GIL)."""
+        if (readers := self.ctx.elsewhere.readers) is not None:
+            try:  # (a reading's reply: plain data)
+                return (await readers.call(RESTORE_FILES, None))["found"]  # type: ignore[return-value]
             except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): listed here
-                log.warning("the store's reader failed, the restore's files are listed in "
-                            "the daemon: %s", str(e).strip().splitlines()[-1:])
+                log.warning("the store's reader failed, the restore's files are listed in the "
+                            "daemon: %s", str(e).strip().splitlines()[-1:])
         return await read_off_loop(self.store, self.restore_files)
 
     def restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
