@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from overlayckpt.core.conversation import chain
 from overlayckpt.core.delta import differing
 from overlayckpt.core.history import AtCheckpoint
-from overlayckpt.core.timeline import FileChange, Timeline
+from overlayckpt.core.statediff import FileChange, StateDiff
+from overlayckpt.core.timeline import Timeline
 from overlayckpt.errors import UserError
 from overlayckpt.messages import ForkMade, ForksReply
 from overlayckpt.records import FIRST_UPPER_INO, Checkpoint, pack_obj, u64
@@ -146,7 +147,7 @@ def changes_between(tl: Timeline, ra: ReadTxn, a: Checkpoint | None, rb: ReadTxn
             for k, _ in entries_at(state, ck.seq if ck else None, table):
                 keys.add((table, k))
     differ, one_sided = differing(sa.get, sb.get, keys)
-    out = tl._file_changes(sa, sb, set(differ), one_sided, content=True)
+    out = StateDiff(tl.ov).file_changes(sa, sb, set(differ), one_sided, content=True)
     if only:
         wanted = [p.strip("/") for p in only]
         out = [c for c in out if any(c.path == w or c.path.startswith(w + "/") for w in wanted)]
