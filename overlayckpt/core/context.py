@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from overlayckpt.core.lower import Lower
 from overlayckpt.core.overlay import Overlay
@@ -28,18 +28,17 @@ async def no_flush() -> None:
     return None
 
 
-class Readers(Protocol):
-    """The mount's reader processes (service/reader.py): a reading by its name there."""
-
-    async def call(self, name: str, cmd: Any) -> Mapping[str, object]: ...
+# a reading (service/registry.py READINGS) by name, where no request of the mount waits
+# for it: Session.reading (a reader process of the mount, else a worker thread)
+Reading = Callable[[str, Any], Awaitable[Mapping[str, object]]]
 
 
 @dataclass(slots=True)
 class Elsewhere:
-    """Where long read-only work runs beside the mount: its reader processes, once the
-    daemon has started them (None: in a worker thread). A worker thread's Python holds
-    the GIL that the request loop needs; a reader is a process of its own."""
-    readers: Readers | None = None
+    """Where the core has long read-only work done: set by the session that holds the
+    context (it is made before the session). A worker thread's Python holds the GIL
+    the request loop needs; the mount's reader is a process of its own."""
+    read: Reading | None = None
 
 
 @dataclass(frozen=True, slots=True)

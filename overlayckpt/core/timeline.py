@@ -39,7 +39,7 @@ from overlayckpt.core.journal import (
 from overlayckpt.core.latency import Phases
 from overlayckpt.core.statediff import FileChange, StateDiff, lookup_or_none
 from overlayckpt.core.workers import read_off_loop
-from overlayckpt.errors import FsError, ReaderFailed, UserError
+from overlayckpt.errors import FsError, UserError
 from overlayckpt.messages import RestoreReply
 from overlayckpt.names import check_checkpoint_name, check_message, name_key, parse_id, shown
 from overlayckpt.records import (
@@ -354,14 +354,11 @@ class Timeline:
                     del _listing[id(self.store)]
 
     async def _find_restore_files(self) -> tuple[int, list[FileChange] | None] | None:
-        """restore_files in a reader process, else a thread (whose Python holds the GIL)."""
-        if (readers := self.ctx.elsewhere.readers) is not None:
-            try:  # (a reading's reply: plain data)
-                return (await readers.call(RESTORE_FILES, None))["found"]  # type: ignore[return-value]
-            except (ReaderFailed, OSError) as e:  # (a bug, or a reader killed): listed here
-                log.warning("the store's reader failed, the restore's files are listed in the "
-                            "daemon: %s", str(e).strip().splitlines()[-1:])
-        return await read_off_loop(self.store, self.restore_files)
+        """restore_files where the session runs readings: the mount's reader process (a
+        thread's Python holds the GIL the request loop needs), else a worker thread."""
+        if (read := self.ctx.elsewhere.read) is None:  # (a context no session holds)
+            return await read_off_loop(self.store, self.restore_files)
+        return (await read(RESTORE_FILES, None))["found"]  # type: ignore[return-value]  # (plain data)
 
     def restore_files(self, r: ReadTxn) -> tuple[int, list[FileChange] | None] | None:
         """The oldest restore left without its file list, and that list (None: thinning

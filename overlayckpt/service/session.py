@@ -97,6 +97,8 @@ class Session:
         # overlayckpt stats: since this session was opened (by the daemon: its mount)
         self.request_stats = request_stats
         self.captures = captures if captures is not None else Captures()
+        self.readers: Any = None  # the mount's reader processes (service/reader.py), if any
+        ctx.elsewhere.read = self.reading  # (the core's long readings: a restore's file list)
         self.command_times = {name: Histogram() for name in TIMED_COMMANDS}
         self.opened_ns, self.opened_mono_ns = time.time_ns(), time.monotonic_ns()
         self._conversation: tuple[int, bytes] | None = None  # (head, live text): conversation_text
@@ -161,15 +163,6 @@ class Session:
         return cls(ctx, apply_on_exit=apply_on_exit, kernel_status=kernel_status,
                    sandboxed=sandboxed, request_stats=request_stats, captures=captures)
 
-    @property
-    def readers(self) -> Any:
-        """The mount's reader processes (service/reader.py), if any: set by the daemon."""
-        return self.ctx.elsewhere.readers
-
-    @readers.setter
-    def readers(self, readers: Any) -> None:
-        self.ctx.elsewhere.readers = readers
-
     @classmethod
     def open_reader(cls, store_dir: str, repo: str, repo_fd: int) -> Session:
         """The session as a reader process sees it beside its daemon: read-only."""
@@ -182,7 +175,11 @@ class Session:
     async def read_off_loop(self, cmd: Request[Any]) -> Mapping[str, object]:
         """The reading of a command (registry.READINGS) where no request of the mount
         waits for it: in a reader process of the mount, else a worker thread."""
-        name = cmd.CMD
+        return await self.reading(cmd.CMD, cmd)
+
+    async def reading(self, name: str, cmd: Any) -> Mapping[str, object]:
+        """The reading name of cmd, as read_off_loop runs it (the daemon's own readings,
+        which no command names, take None)."""
         if self.readers is not None:
             self.store.store_deferred()  # (another process reads only what is committed)
             try:
