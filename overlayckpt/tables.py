@@ -43,6 +43,7 @@ NEXT_CKPT_KEY = b"next_ckpt"      # counter of checkpoint ids
 CONV_HEAD_KEY = b"conv_head"      # the live conversation's last line
 CONV_NEXT_KEY = b"conv_next"      # counter of conversation lines
 WRITE_BEHIND_KEY = b"write_behind"  # how far the write-behind log (writebehind.py) has been stored
+REMOVALS_KEY = b"removals"  # the last record of the removal log (removals.py) stored
 REPO_KEY = b"repo"                # the repo's absolute path, should session.json be lost
 HISTORY_KEY = b"history"          # present when the history index matches the journal
 HISTORY_BORN = 2                  # its value once CHANGED has layers and born values (format 5)

@@ -23,7 +23,7 @@ from overlayckpt.core import groupfiles, history
 from overlayckpt.core.baseline import seen_key, seen_record, seen_value
 from overlayckpt.core.journal import Caller, append, ensure_origin_checkpoint, now_ns
 from overlayckpt.core.lower import Lower
-from overlayckpt.core.tree import Tree
+from overlayckpt.core.tree import State, Tree
 from overlayckpt.errors import FsError
 from overlayckpt.messages import Change
 from overlayckpt.records import (
@@ -49,9 +49,13 @@ from overlayckpt.records import (
 )
 from overlayckpt.store.lmdbstore import ReaderStore, Store
 from overlayckpt.store.txn import ReadTxn, WriteTxn
-from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
+from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, REMOVALS_KEY, SEEN, WRITE_BEHIND_KEY, XATTRS
 
 T = TypeVar("T")
+
+# logs an unlink before it is answered: (parent, name, caller, time, parent's path) -> the
+# meta value that marks it stored (removals.RemovalLog.append)
+Logger = Callable[[int, bytes, Caller, int, str], bytes]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -128,6 +132,7 @@ class Overlay(Tree):
         self.store = store
         self.window = window
         self.last_written: dict[bytes, bytes | None] = {}  # (written)
+        self.unlinking: set[tuple[int, bytes]] = set()  # (parent, name) of deferred unlinks
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
         def set_up(w: WriteTxn) -> None:
@@ -184,15 +189,16 @@ class Overlay(Tree):
                     m.w.put(SEEN, key, seen_value(key, node.origin, seen_record(self.lower, ino, node)))
         return node
 
-    def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False) -> None:
-        t = now_ns()
+    def _save(self, m: Mutation, ino: int, node: Node, *, ctime: bool = True, mtime: bool = False,
+              t: int | None = None) -> None:
+        t = now_ns() if t is None else t
         if ctime:
             node.ctime_ns = t
         if mtime:
             node.mtime_ns = t
         m.put_node(ino, node)
 
-    def _dir(self, m: Mutation, ino: int) -> Node:
+    def _dir(self, m: State, ino: int) -> Node:
         node = self.node(m, ino)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
@@ -243,10 +249,10 @@ class Overlay(Tree):
         m.put_node(ino, node)
         return ino, node
 
-    def _touch_parent(self, m: Mutation, parent: int, nlink_delta: int = 0) -> Node:
+    def _touch_parent(self, m: Mutation, parent: int, nlink_delta: int = 0, t: int | None = None) -> Node:
         pnode = self._own(m, parent)
         pnode.nlink += nlink_delta
-        self._save(m, parent, pnode, mtime=True)
+        self._save(m, parent, pnode, mtime=True, t=t)
         return pnode
 
     # -- namespace ------------------------------------------------------------
@@ -286,8 +292,15 @@ class Overlay(Tree):
             return node
         return self._mutate(caller, "link", fn)
 
-    def remove(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool) -> int:
-        """unlink and rmdir. Returns the inode that lost a name."""
+    def remove(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool, *,
+               logged: bytes | None = None, t: int | None = None) -> int:
+        """unlink and rmdir. Returns the inode that lost a name. logged: the removal log's
+        mark of this unlink (removals.py); t: its time (now)."""
+        return self._mutate(caller, "rmdir" if is_rmdir else "unlink",
+                            self._remove(parent, name, is_rmdir, logged, now_ns() if t is None else t))
+
+    def _remove(self, parent: int, name: bytes, is_rmdir: bool, logged: bytes | None,
+                t: int) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:
             pnode = self._dir(m, parent)
             ino = self.lookup(m, parent, name)
@@ -303,12 +316,48 @@ class Overlay(Tree):
                     raise FsError(errno.EISDIR)
                 node.nlink -= 1
             path = self.child_path(parent, name)
-            self._save(m, ino, node)
+            self._save(m, ino, node, t=t)
             self._unlink_entry(m, parent, pnode, name)
-            self._touch_parent(m, parent, -1 if is_rmdir else 0)
+            self._touch_parent(m, parent, -1 if is_rmdir else 0, t)
             m.touched(path, Change.DELETED)
+            if logged is not None:
+                m.w.put(META, REMOVALS_KEY, logged)
             return ino
-        return self._mutate(caller, "rmdir" if is_rmdir else "unlink", fn)
+        return fn
+
+    def unlink_later(self, caller: Caller, parent: int, name: bytes, log: Logger,
+                     failed: Callable[[Exception], None]) -> tuple[int, Node]:
+        """unlink, checked now, logged (log: RemovalLog.append) and stored with the next write
+        transaction (Store.defer): a burst of them shares its commits. Returns the
+        inode and the parent's node as the unlink leaves them, for the reply. Only
+        writes and unlinks are ever deferred, and neither changes what is checked here
+        but an unlink of the same name, which `unlinking` holds."""
+        key = (parent, name)
+
+        def check(r: ReadTxn) -> tuple[int, Node]:
+            pnode = self._dir(r, parent)
+            ino = self.lookup(r, parent, name)
+            if key in self.unlinking:
+                raise FsError(errno.ENOENT)
+            if self.node(r, ino).is_dir:
+                raise FsError(errno.EISDIR)
+            return ino, pnode
+        ino, pnode = self.store.peek(check)
+        t = now_ns()
+        logged = log(parent, name, caller, t, self.path_of(parent))
+        remove = self._journaled(caller, "unlink", self._remove(parent, name, False, logged, t))
+
+        def stored(w: WriteTxn) -> None:
+            self.unlinking.discard(key)
+            remove(w)
+
+        def gone(e: Exception) -> None:
+            self.unlinking.discard(key)
+            failed(e)
+        self.unlinking.add(key)
+        self.store.defer(stored, gone, (ino, parent), 0)
+        pnode.mtime_ns = pnode.ctime_ns = t
+        return ino, pnode
 
     def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:
         """rename(2) incl. RENAME_NOREPLACE and RENAME_EXCHANGE. Returns the replaced inode."""
@@ -523,7 +572,7 @@ class Overlay(Tree):
         """A write its writer was told is done (write-behind), stored with the next write
         transaction or when ino is read (Store.defer); failed(e) if it fails on its own.
         since: when its request arrived (Store.on_deferred_stored)."""
-        self.store.defer(self._journaled(caller, "write", self._write(ino, off, data, logged)), failed, ino,
+        self.store.defer(self._journaled(caller, "write", self._write(ino, off, data, logged)), failed, (ino,),
                          len(data), since)
 
     def _write(self, ino: int, off: int, data: bytes, logged: bytes | None) -> Callable[[Mutation], int]:

@@ -64,6 +64,7 @@ from overlayckpt.tables import (
     NODES,
     PARENT_KEY,
     PINNED,
+    REMOVALS_KEY,
     REPO_KEY,
     RESTORE_FILES_KEY,
     RESTORED_KEY,
@@ -83,7 +84,7 @@ _NODE_MAX = 3 * PATH_MAX  # an origin path, a symlink target and fourteen number
 _SMALL = {DIRENTS: 8, BMAP: 32, NAMES: 8, SEEN: 2 * PATH_MAX, CKPTS: 1 << 20}
 CALL_KEY = b"tool_call"  # (core/journal.py's: held in META while a tool call runs)
 _U64_KEYS = (FORMAT_KEY, BLOCK_SIZE_KEY, BLOCK_BYTES_KEY, SEQ_KEY, NEXT_INO_KEY, NEXT_CKPT_KEY,
-             CONV_HEAD_KEY, CONV_NEXT_KEY, APPLIED_KEY, HISTORY_KEY, GROUPFILES_KEY)
+             CONV_HEAD_KEY, CONV_NEXT_KEY, APPLIED_KEY, HISTORY_KEY, GROUPFILES_KEY, REMOVALS_KEY)
 _KINDS = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK)
 _DEVICES = (stat.S_IFCHR, stat.S_IFBLK)
 _U32 = (1 << 32) - 1

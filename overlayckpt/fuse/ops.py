@@ -7,6 +7,7 @@ Inodes at or above CONTROL_INO_BASE belong to the control directory.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -26,13 +27,14 @@ from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import Overlay, keep_up, make_durable
+from overlayckpt.core.removals import RemovalLog
 from overlayckpt.errors import FsError
 from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs, entry_record
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.fuse.forgotten import Forgotten
-from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node
+from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node, u64
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +93,15 @@ class Operations(pyfuse3.Operations):
     def __init__(self, overlay: Overlay, control: ControlFs, *,
                  invalidate: Invalidate = no_invalidate,
                  kernel_handles: Callable[[], bool] = lambda: False,
-                 capture: Captures | None = None, forgotten: Forgotten | None = None) -> None:
+                 capture: Captures | None = None, forgotten: Forgotten | None = None,
+                 removals: RemovalLog | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
         the fast path library serves the session, asked once, at the first open (after the mount);
         capture: where the capture latency of writes is recorded (overlayckpt stats);
-        forgotten: the inodes invalidate makes the kernel forget (fuse/forgotten.py)."""
+        forgotten: the inodes invalidate makes the kernel forget (fuse/forgotten.py);
+        removals: the log of unlinks answered before they are stored (None: none is)."""
         super().__init__()
+        self.removals = removals
         self.capture = capture if capture is not None else Captures()
         overlay.store.on_deferred_stored = self._captured_later
         if fastpath.loaded():  # every change drops the names C answers (fuse/csrc/names.c)
@@ -315,8 +320,22 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(parent_inode)
-        self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=False)
-        self._changed_dirs(parent_inode)
+        if self.removals is None or self._behind_failed:
+            self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=False)
+            self._changed_dirs(parent_inode)
+            return
+        # answered now, stored with the unlinks and writes around it (removals.py)
+        ino, pnode = self.ov.unlink_later(self._caller(ctx), parent_inode, name, self.removals.append,
+                                          functools.partial(self._unlink_failed, parent_inode, name))
+        fastpath.names_touch({u64(ino), u64(parent_inode)})  # (C's answers of them: stale)
+        fastpath.publish_dir_attrs(self._attrs(parent_inode, pnode))
+        self._store_soon()
+
+    def _unlink_failed(self, parent: int, name: bytes, e: Exception) -> None:
+        log.error("an unlink of %r in inode %d failed after it was answered (%s): the name "
+                  "is back", name, parent, e, exc_info=not isinstance(e, FsError))
+        with contextlib.suppress(RuntimeError):  # (at unmount, outside the loop: nothing held)
+            trio.lowlevel.spawn_system_task(self.invalidate, [parent], [(parent, name)])
 
     @translate_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -445,10 +464,13 @@ class Operations(pyfuse3.Operations):
                 pass  # stored at unmount, outside the loop: the kernel holds nothing any more
 
         self.ov.write_later(caller, ino, off, buf, done, failed, arrival)
+        self._store_soon()
+        return len(buf)
+
+    def _store_soon(self) -> None:
         if not self._storing_soon:
             self._storing_soon = True
             trio.lowlevel.spawn_system_task(self._store_deferred_soon)
-        return len(buf)
 
     async def _store_deferred_soon(self) -> None:
         """Commit the deferred writes: a few small ones with the next write transaction

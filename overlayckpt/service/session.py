@@ -140,11 +140,13 @@ class Session:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
         try:
-            from overlayckpt.core.writebehind import discard, recover
-            if store.cache_lost:
-                discard(store_dir)  # its pages may be a mix of old and new: never replayed
-            else:
-                recover(overlay, store_dir)  # what a killed daemon acknowledged, never stored
+            from overlayckpt.core import removals, writebehind
+            if store.cache_lost:  # their pages may be a mix of old and new: never replayed
+                removals.discard(store_dir)
+                writebehind.discard(store_dir)
+            else:  # what a killed daemon answered and never stored (unlinks and writes commute)
+                removals.recover(overlay, store_dir)
+                writebehind.recover(overlay, store_dir)
             absrepo = os.fsencode(os.path.realpath(repo))
             if recorded != absrepo:
                 store.write(lambda w: w.put(META, REPO_KEY, absrepo))

@@ -58,8 +58,8 @@ from overlayckpt.tables import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# a deferred write (Store.defer): fn, failed, tag, since
-Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], int, int]
+# a deferred write (Store.defer): fn, failed, tags, since
+Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], tuple[int, ...], int]
 
 
 INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
@@ -266,19 +266,19 @@ class Store:
     # commit for several writes, or for a write and the create or rename after it.
 
     def defer(self, fn: Callable[[WriteTxn], object], failed: Callable[[Exception], None],
-              tag: int, size: int, since: int = 0) -> None:
+              tags: tuple[int, ...], size: int, since: int = 0) -> None:
         """Run fn before the next write transaction of this thread. failed(e): fn failed on
-        its own. tag: what fn changes (an inode), for deferring; size: its bytes; since:
+        its own. tags: what fn changes (inodes), for deferring; size: its bytes; since:
         when its request arrived (for on_deferred_stored)."""
         self._deferring_thread = threading.get_ident()
-        self._deferred.append((fn, failed, tag, since))
+        self._deferred.append((fn, failed, tags, since))
         self._deferred_bytes += size
         if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
             self.store_deferred()
 
     def deferring(self, tag: int) -> bool:
-        """Whether a deferred write has that tag."""
-        return any(t == tag for _, _, t, _ in self._deferred)
+        """Whether a deferred write changes that inode."""
+        return any(tag in tags for _, _, tags, _ in self._deferred)
 
     def deferred(self) -> int:
         return len(self._deferred)
