@@ -1467,11 +1467,11 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
         cleanup_mount(m)
 
 
-def test_unlinks_answered_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
-    """Python answers an unlink once checked and stores it with the unlinks around it
-    (core/removals.py); the removal log makes it survive kill -9 all the same. The
-    killer is the process that unlinked, at once: the unlinks since the last store
-    (FOLD_WAIT ago at most) are still deferred, unless the machine paused it for
+def test_removals_answered_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
+    """Python answers an unlink or rmdir once checked and stores it with the removals
+    around it (core/removals.py); the removal log makes it survive kill -9 all the
+    same. The killer is the process that removed, at once: the removals since the last
+    store (FOLD_WAIT ago at most) are still deferred, unless the machine paused it for
     that long, which a next round undoes."""
     repo = make_repo(tmp_path / "repo")
     m = Mount(repo, tmp_path / "mnt", tmp_path / "store")
@@ -1482,25 +1482,27 @@ def test_unlinks_answered_before_they_were_stored_survive_kill(tmp_path: Path) -
             pid = daemon_pid(m.store)
             assert pid is not None
             gen = m.mnt / f"gen{attempt}"
-            gen.mkdir()
-            for i in range(300):
-                (gen / f"m{i}.js").write_bytes(b"module.exports = %d;\n" % i)
+            for d in range(30):
+                (gen / f"pkg{d}").mkdir(parents=True)
+                for i in range(10):
+                    (gen / f"pkg{d}" / f"m{i}.js").write_bytes(b"module.exports = %d;\n" % i)
             (gen / "kept.txt").write_bytes(b"kept")
-            for name in sorted(os.listdir(gen)):
-                if name != "kept.txt":
-                    os.unlink(gen / name)
+            for d in range(30):
+                for i in range(10):
+                    os.unlink(gen / f"pkg{d}" / f"m{i}.js")
+                os.rmdir(gen / f"pkg{d}")
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die")
             force_unmount(str(m.mnt))
             mount(repo, m.mnt, m.store)
             assert os.listdir(gen) == ["kept.txt"]  # nothing came back
             fsck_clean(["--mount", str(m.mnt)])
-            replayed = re.findall(r"stored (\d+) unlinks that a stopped daemon had answered",
+            replayed = re.findall(r"stored (\d+) removals that a stopped daemon had answered",
                                   (m.store / "daemon.log").read_text())
             cleanup_mount(m)
             if replayed:
                 break
-        assert replayed, "no round killed the daemon while an answered unlink was unstored"
+        assert replayed, "no round killed the daemon while an answered removal was unstored"
     finally:
         cleanup_mount(m)
 

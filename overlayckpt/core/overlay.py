@@ -53,9 +53,9 @@ from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, REMOVALS_KEY, 
 
 T = TypeVar("T")
 
-# logs an unlink before it is answered: (parent, name, caller, time, parent's path) -> the
-# meta value that marks it stored (removals.RemovalLog.append)
-Logger = Callable[[int, bytes, Caller, int, str], bytes]
+# logs a removal before it is answered: (parent, name, is_rmdir, caller, time, parent's path)
+# -> the meta value that marks it stored (removals.RemovalLog.append)
+Logger = Callable[[int, bytes, bool, Caller, int, str], bytes]
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -295,13 +295,14 @@ class Overlay(Tree):
     def remove(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool, *,
                logged: bytes | None = None, t: int | None = None) -> int:
         """unlink and rmdir. Returns the inode that lost a name. logged: the removal log's
-        mark of this unlink (removals.py); t: its time (now)."""
+        mark of this removal (removals.py); t: its time (now)."""
         return self._mutate(caller, "rmdir" if is_rmdir else "unlink",
                             self._remove(parent, name, is_rmdir, logged, now_ns() if t is None else t))
 
     def _remove(self, parent: int, name: bytes, is_rmdir: bool, logged: bytes | None,
                 t: int) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:
+            self.unlinking.discard((parent, name))  # (deferred: stored, or failed, now)
             pnode = self._dir(m, parent)
             ino = self.lookup(m, parent, name)
             node = self._own(m, ino)
@@ -325,13 +326,13 @@ class Overlay(Tree):
             return ino
         return fn
 
-    def unlink_later(self, caller: Caller, parent: int, name: bytes, log: Logger,
+    def remove_later(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool, log: Logger,
                      failed: Callable[[Exception], None]) -> tuple[int, Node]:
-        """unlink, checked now, logged (log: RemovalLog.append) and stored with the next write
-        transaction (Store.defer): a burst of them shares its commits. Returns the
-        inode and the parent's node as the unlink leaves them, for the reply. Only
-        writes and unlinks are ever deferred, and neither changes what is checked here
-        but an unlink of the same name, which `unlinking` holds."""
+        """unlink or rmdir, checked now, logged (log: RemovalLog.append) and stored with the
+        next write transaction (Store.defer): a burst of them shares its commits. Returns
+        the inode and the parent's node as the removal leaves them, for the reply. Only
+        writes and removals are ever deferred, and of what is checked here a write
+        changes nothing, a removal its own name, which `unlinking` holds."""
         key = (parent, name)
 
         def check(r: ReadTxn) -> tuple[int, Node]:
@@ -339,24 +340,20 @@ class Overlay(Tree):
             ino = self.lookup(r, parent, name)
             if key in self.unlinking:
                 raise FsError(errno.ENOENT)
-            if self.node(r, ino).is_dir:
-                raise FsError(errno.EISDIR)
+            if self.node(r, ino).is_dir != is_rmdir:
+                raise FsError(errno.EISDIR if not is_rmdir else errno.ENOTDIR)
+            if is_rmdir and any((ino, n) not in self.unlinking for n, _, _ in self.entries(r, ino)):
+                raise FsError(errno.ENOTEMPTY)
             return ino, pnode
         ino, pnode = self.store.peek(check)
         t = now_ns()
-        logged = log(parent, name, caller, t, self.path_of(parent))
-        remove = self._journaled(caller, "unlink", self._remove(parent, name, False, logged, t))
-
-        def stored(w: WriteTxn) -> None:
-            self.unlinking.discard(key)
-            remove(w)
-
-        def gone(e: Exception) -> None:
-            self.unlinking.discard(key)
-            failed(e)
+        logged = log(parent, name, is_rmdir, caller, t, self.path_of(parent))
         self.unlinking.add(key)
-        self.store.defer(stored, gone, (ino, parent), 0)
+        self.store.defer(self._journaled(caller, "rmdir" if is_rmdir else "unlink",
+                                         self._remove(parent, name, is_rmdir, logged, t)),
+                         failed, (ino, parent), 0)
         pnode.mtime_ns = pnode.ctime_ns = t
+        pnode.nlink -= is_rmdir
         return ino, pnode
 
     def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:

@@ -1,17 +1,18 @@
-"""The removal log: unlinks answered before Python stored them (Overlay.unlink_later).
+"""The removal log: unlinks and rmdirs answered before Python stored them
+(Overlay.remove_later).
 
-An unlink is checked, answered and then committed with the next write transaction
+A removal is checked, answered and then committed with the next write transaction
 (Store.defer), so that a burst of them (`rm -rf`, a package manager's clean-up)
 shares its commits, as writes do. Before it is answered, its record goes to this
 file: the page cache outlives a killed daemon, and the next Session.open stores
-the unlinks it answered and never stored (SPEC 3.1), as writebehind.py does for
-writes. Unlinks and writes commute (a write goes by inode, an unlink by name,
-and a file created after an unlink commits the unlink first), so the two logs
-are replayed one after the other.
+the removals it answered and never stored (SPEC 3.1), as writebehind.py does for
+writes. Removals and writes commute (a write goes by inode, a removal by name,
+and anything that makes or reads a name commits the removals first), so the two
+logs are replayed one after the other.
 
 A record: u32 length, then msgpack [number, parent, name, pid, comm, time_ns,
-the parent's path] (a replay looks the path up first, so that the journal
-names the file as the daemon would have).
+the parent's path, is_rmdir] (a replay looks the path up first, so that the
+journal names the file as the daemon would have).
 Numbers only grow; meta "removals" holds the last one stored (committed with
 it). Once everything in the file is stored and it holds more than TRIM_BYTES,
 it is emptied.
@@ -58,14 +59,16 @@ class RemovalLog:
         self.size = os.fstat(self.fd).st_size
         self.last = stored(store)  # the number of the last record appended
 
-    def append(self, parent: int, name: bytes, caller: Caller, t: int, where: str) -> bytes:
-        """Log one unlink before it is answered; the meta value that marks it stored."""
+    def append(self, parent: int, name: bytes, is_rmdir: bool, caller: Caller, t: int,
+               where: str) -> bytes:
+        """Log one removal before it is answered; the meta value that marks it stored."""
         if self.size > TRIM_BYTES and not self.store.deferred():
-            # every unlink logged so far is stored (or failed when stored): none is needed
+            # every removal logged so far is stored (or failed when stored): none is needed
             os.ftruncate(self.fd, 0)
             self.size = 0
         self.last += 1
-        body = msgpack.packb([self.last, parent, name, caller.pid, caller.comm, t, os.fsencode(where)])
+        body = msgpack.packb([self.last, parent, name, caller.pid, caller.comm, t,
+                              os.fsencode(where), is_rmdir])
         self.size += os.write(self.fd, _LEN.pack(len(body)) + body)
         return u64(self.last)
 
@@ -73,7 +76,10 @@ class RemovalLog:
         os.close(self.fd)
 
 
-def _records(data: bytes, after: int) -> list[tuple[int, int, bytes, int, str, int, str]]:
+Record = tuple[int, int, bytes, int, str, int, str, bool]
+
+
+def _records(data: bytes, after: int) -> list[Record]:
     """The whole records of data numbered above after, in order."""
     out = []
     pos = 0
@@ -84,19 +90,19 @@ def _records(data: bytes, after: int) -> list[tuple[int, int, bytes, int, str, i
             break  # a torn tail: what follows was never answered
         pos += _LEN.size + size
         try:
-            number, parent, name, pid, comm, t, where = msgpack.unpackb(body)
+            number, parent, name, pid, comm, t, where, is_rmdir = msgpack.unpackb(body)
         except (ValueError, TypeError, msgpack.UnpackException):
             break
-        if not (all(isinstance(v, int) for v in (number, parent, pid, t))
-                and isinstance(name, bytes) and isinstance(comm, str) and isinstance(where, bytes)):
+        if not (all(isinstance(v, int) for v in (number, parent, pid, t)) and isinstance(name, bytes)
+                and isinstance(comm, str) and isinstance(where, bytes) and isinstance(is_rmdir, bool)):
             break  # not a record of ours: nothing after it is trusted either
         if number > after:
-            out.append((number, parent, name, pid, comm, t, os.fsdecode(where)))
+            out.append((number, parent, name, pid, comm, t, os.fsdecode(where), is_rmdir))
     return out
 
 
 def recover(overlay: Overlay, store_dir: str) -> int:
-    """Store the unlinks a killed daemon answered and never stored; how many."""
+    """Store the removals a killed daemon answered and never stored; how many."""
     path = os.path.join(store_dir, LOG_NAME)
     try:
         with open(path, "rb") as f:
@@ -104,17 +110,17 @@ def recover(overlay: Overlay, store_dir: str) -> int:
     except FileNotFoundError:
         return 0
     records = _records(data, stored(overlay.store))
-    for number, parent, name, pid, comm, t, where in records:
+    for number, parent, name, pid, comm, t, where, is_rmdir in records:
         done = u64(number)
         _look_up(overlay, where)
         try:
-            overlay.remove(Caller(pid, comm or "recovered"), parent, name, False, logged=done, t=t)
+            overlay.remove(Caller(pid, comm or "recovered"), parent, name, is_rmdir, logged=done, t=t)
         except FsError as e:
-            log.warning("an answered unlink of %r in inode %d could not be stored again: %s",
+            log.warning("an answered removal of %r in inode %d could not be stored again: %s",
                         name, parent, os.strerror(e.errno))
             _mark(overlay.store, done)
     if records:
-        log.warning("stored %d unlinks that a stopped daemon had answered", len(records))
+        log.warning("stored %d removals that a stopped daemon had answered", len(records))
     return len(records)
 
 
@@ -126,13 +132,13 @@ def _look_up(overlay: Overlay, where: str) -> None:
 
 
 def _mark(store: Store, done: bytes) -> None:
-    """Move past a record whose unlink failed for good (a replay would fail the same way)."""
+    """Move past a record whose removal failed for good (a replay would fail the same way)."""
     store.write(lambda w: w.put(META, REMOVALS_KEY, done))
 
 
 def discard(store_dir: str) -> None:
-    """Empty the log after a power cut: the store went back to a sync point, and an
-    unlink no fsync reached may be lost as on any file system."""
+    """Empty the log after a power cut: the store went back to a sync point, and a
+    removal no fsync reached may be lost as on any file system."""
     path = os.path.join(store_dir, LOG_NAME)
     if os.path.exists(path):
         os.truncate(path, 0)

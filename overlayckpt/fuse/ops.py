@@ -319,29 +319,30 @@ class Operations(pyfuse3.Operations):
 
     @translate_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._no_control(parent_inode)
-        if self.removals is None or self._behind_failed:
-            self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=False)
-            self._changed_dirs(parent_inode)
-            return
-        # answered now, stored with the unlinks and writes around it (removals.py)
-        ino, pnode = self.ov.unlink_later(self._caller(ctx), parent_inode, name, self.removals.append,
-                                          functools.partial(self._unlink_failed, parent_inode, name))
-        fastpath.names_touch({u64(ino), u64(parent_inode)})  # (C's answers of them: stale)
-        fastpath.publish_dir_attrs(self._attrs(parent_inode, pnode))
-        self._store_soon()
-
-    def _unlink_failed(self, parent: int, name: bytes, e: Exception) -> None:
-        log.error("an unlink of %r in inode %d failed after it was answered (%s): the name "
-                  "is back", name, parent, e, exc_info=not isinstance(e, FsError))
-        with contextlib.suppress(RuntimeError):  # (at unmount, outside the loop: nothing held)
-            trio.lowlevel.spawn_system_task(self.invalidate, [parent], [(parent, name)])
+        self._remove(parent_inode, name, False, ctx)
 
     @translate_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self._no_control(parent_inode)
-        self.ov.remove(self._caller(ctx), parent_inode, name, is_rmdir=True)
-        self._changed_dirs(parent_inode)
+        self._remove(parent_inode, name, True, ctx)
+
+    def _remove(self, parent: int, name: bytes, is_rmdir: bool, ctx: pyfuse3.RequestContext) -> None:
+        self._no_control(parent)
+        if self.removals is None or self._behind_failed:
+            self.ov.remove(self._caller(ctx), parent, name, is_rmdir)
+            self._changed_dirs(parent)
+            return
+        # answered now, stored with the removals and writes around it (removals.py)
+        ino, pnode = self.ov.remove_later(self._caller(ctx), parent, name, is_rmdir, self.removals.append,
+                                          functools.partial(self._remove_failed, parent, name))
+        fastpath.names_touch({u64(ino), u64(parent)})  # (C's answers of them: stale)
+        fastpath.publish_dir_attrs(self._attrs(parent, pnode))
+        self._store_soon()
+
+    def _remove_failed(self, parent: int, name: bytes, e: Exception) -> None:
+        log.error("a removal of %r in inode %d failed after it was answered (%s): the name "
+                  "is back", name, parent, e, exc_info=not isinstance(e, FsError))
+        with contextlib.suppress(RuntimeError):  # (at unmount, outside the loop: nothing held)
+            trio.lowlevel.spawn_system_task(self.invalidate, [parent], [(parent, name)])
 
     @translate_errors
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
