@@ -132,7 +132,7 @@ class Overlay(Tree):
         self.store = store
         self.window = window
         self.last_written: dict[bytes, bytes | None] = {}  # (written)
-        self.unlinking: set[tuple[int, bytes]] = set()  # (parent, name) of deferred unlinks
+        self.unlinking: set[tuple[int, bytes]] = set()  # (parent, name) of deferred removals
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
         def set_up(w: WriteTxn) -> None:

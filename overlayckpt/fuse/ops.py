@@ -99,7 +99,7 @@ class Operations(pyfuse3.Operations):
         the fast path library serves the session, asked once, at the first open (after the mount);
         capture: where the capture latency of writes is recorded (overlayckpt stats);
         forgotten: the inodes invalidate makes the kernel forget (fuse/forgotten.py);
-        removals: the log of unlinks answered before they are stored (None: none is)."""
+        removals: the log of removals answered before they are stored (None: none is)."""
         super().__init__()
         self.removals = removals
         self.capture = capture if capture is not None else Captures()
@@ -327,7 +327,7 @@ class Operations(pyfuse3.Operations):
 
     def _remove(self, parent: int, name: bytes, is_rmdir: bool, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(parent)
-        if self.removals is None or self._behind_failed:
+        if self.removals is None or self._behind_failed or not self._room():
             self.ov.remove(self._caller(ctx), parent, name, is_rmdir)
             self._changed_dirs(parent)
             return
@@ -337,6 +337,12 @@ class Operations(pyfuse3.Operations):
         fastpath.names_touch({u64(ino), u64(parent)})  # (C's answers of them: stale)
         fastpath.publish_dir_attrs(self._attrs(parent, pnode))
         self._store_soon()
+
+    def _room(self) -> bool:
+        """Whether the store's disk has room for what is answered before it is stored (as
+        C asks before it acknowledges a write): on a full disk the removal itself fails."""
+        st = os.statvfs(self.ov.store.path)
+        return st.f_bavail * st.f_frsize >= fastpath.MIN_FREE
 
     def _remove_failed(self, parent: int, name: bytes, e: Exception) -> None:
         log.error("a removal of %r in inode %d failed after it was answered (%s): the name "
