@@ -68,10 +68,12 @@ class ReadTxn:
 
     def _block_entry(self, digest: bytes) -> tuple[bytes, bytes] | None:
         """The BLOCKS entry of digest as stored (its key may carry a split block's tail)."""
+        return self._cursor(BLOCKS).item() if self._has_block(digest) else None
+
+    def _has_block(self, digest: bytes) -> bool:
+        """Whether BLOCKS holds digest (its value is not copied out of the map)."""
         cur = self._cursor(BLOCKS)
-        if cur.set_range(digest) and cur.key()[:DIGEST] == digest:
-            return cur.item()
-        return None
+        return cur.set_range(digest) and cur.key()[:DIGEST] == digest
 
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         cur = self.txn.cursor(db=self.store.dbs[table])
@@ -282,7 +284,7 @@ class WriteTxn(ReadTxn):
                 digests.append(ZERO_BLOCK)
                 continue
             digest = blake3.blake3(data).digest()
-            if self._block_entry(digest) is None:
+            if not self._has_block(digest):
                 # after RAW_RUN blocks in a row that did not compress (random data, a
                 # pack, an image), only every PROBE_EVERY-th is tried: the others go raw
                 if raw_run < RAW_RUN or raw_run % PROBE_EVERY == 0:
