@@ -93,6 +93,25 @@ def test_each_change_in_a_directory_is_answered_as_python_answers(mounted: Mount
         answered = from_c(m)
 
 
+def test_a_burst_of_removals_is_answered_as_python_answers_after_it(mounted: Mount) -> None:
+    """Removals are answered before they are stored (core/removals.py), a burst of them
+    committed together: each answer's directory attributes count the removals before
+    it that are not stored yet (an rmdir takes a link of its parent)."""
+    m = mounted
+    d = m.mnt / "burst"
+    os.mkdir(d)
+    for i in range(12):
+        os.mkdir(d / f"sub{i}")
+        (d / f"f{i}").write_text("x")
+    before = python_answer(m, d)
+    for i in range(12):  # one after the other, faster than the 2 ms a removal may wait
+        os.rmdir(d / f"sub{i}")
+        os.unlink(d / f"f{i}")
+    seen = attrs(d)  # C's answer, from the last removal's
+    assert seen == python_answer(m, d)
+    assert seen[2] == before[2] - 12 == 2  # the links of the twelve subdirectories gone
+
+
 def test_creates_that_alternate_between_directories_are_answered_in_c(mounted: Mount) -> None:
     """A package install writes lib/ and dist/ by turns: each keeps its answer while a
     create in the other changes only that one."""

@@ -132,7 +132,7 @@ class Overlay(Tree):
         self.store = store
         self.window = window
         self.last_written: dict[bytes, bytes | None] = {}  # (written)
-        self.unlinking: set[tuple[int, bytes]] = set()  # (parent, name) of deferred removals
+        self.unlinking: dict[tuple[int, bytes], bool] = {}  # deferred removals: is_rmdir
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
         def set_up(w: WriteTxn) -> None:
@@ -302,7 +302,7 @@ class Overlay(Tree):
     def _remove(self, parent: int, name: bytes, is_rmdir: bool, logged: bytes | None,
                 t: int) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:
-            self.unlinking.discard((parent, name))  # (deferred: stored, or failed, now)
+            self.unlinking.pop((parent, name), None)  # (deferred: stored, or failed, now)
             pnode = self._dir(m, parent)
             ino = self.lookup(m, parent, name)
             node = self._own(m, ino)
@@ -348,12 +348,13 @@ class Overlay(Tree):
         ino, pnode = self.store.peek(check)
         t = now_ns()
         logged = log(parent, name, is_rmdir, caller, t, self.path_of(parent))
-        self.unlinking.add(key)
+        self.unlinking[key] = is_rmdir
         self.store.defer(self._journaled(caller, "rmdir" if is_rmdir else "unlink",
                                          self._remove(parent, name, is_rmdir, logged, t)),
                          failed, (ino, parent), 0)
         pnode.mtime_ns = pnode.ctime_ns = t
-        pnode.nlink -= is_rmdir
+        # (the deferred rmdirs in parent, this one included, each take one of its links)
+        pnode.nlink -= sum(d for (p, _), d in self.unlinking.items() if p == parent)
         return ino, pnode
 
     def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:
