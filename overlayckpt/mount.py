@@ -230,7 +230,7 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
-    # unlinks are answered before they are stored where C answers the GETATTRs that follow
+    # removals are answered before they are stored where C answers the GETATTRs that follow
     removals = RemovalLog(session.store) if fastpath.loaded() else None
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
                      kernel_handles=fastpath.active, capture=captures, forgotten=forgotten,

@@ -341,8 +341,8 @@ class Operations(pyfuse3.Operations):
     def _room(self) -> bool:
         """Whether the store's disk has room for what is answered before it is stored (as
         C asks before it acknowledges a write): on a full disk the removal itself fails."""
-        st = os.statvfs(self.ov.store.path)
-        return st.f_bavail * st.f_frsize >= fastpath.MIN_FREE
+        free = self.ov.store.free_bytes()
+        return free is not None and free >= fastpath.MIN_FREE
 
     def _remove_failed(self, parent: int, name: bytes, e: Exception) -> None:
         log.error("a removal of %r in inode %d failed after it was answered (%s): the name "

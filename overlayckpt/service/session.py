@@ -144,7 +144,7 @@ class Session:
             if store.cache_lost:  # their pages may be a mix of old and new: never replayed
                 removals.discard(store_dir)
                 writebehind.discard(store_dir)
-            else:  # what a killed daemon answered and never stored (unlinks and writes commute)
+            else:  # what a killed daemon answered and never stored (removals and writes commute)
                 removals.recover(overlay, store_dir)
                 writebehind.recover(overlay, store_dir)
             absrepo = os.fsencode(os.path.realpath(repo))

@@ -392,11 +392,16 @@ class Store:
             tally["checkpoints_" + kind] = tally.get("checkpoints_" + kind, 0) + n
 
     def _disk_full(self) -> bool:
+        free = self.free_bytes()
+        return free is not None and free < 4 << 20
+
+    def free_bytes(self) -> int | None:
+        """The bytes free for the store on its disk (None: unknown)."""
         try:
             st = os.statvfs(self.path)
         except OSError:
-            return False
-        return st.f_bavail * st.f_frsize < 4 << 20
+            return None
+        return st.f_bavail * st.f_frsize
 
     def _grow(self) -> None:
         # LMDB forbids set_mapsize with any transaction of this process open: make the

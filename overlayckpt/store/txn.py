@@ -234,9 +234,8 @@ class WriteTxn(ReadTxn):
         return digest + value[1 + keep:], SPLIT + value[1:1 + keep]
 
     def delete(self, table: bytes, key: bytes) -> None:
-        if table == BLOCKS:
-            found = self._block_entry(key)
-            key = key if found is None else found[0]
+        if table == BLOCKS and self._has_block(key):
+            key = self._cursor(BLOCKS).key()  # (it may carry a split block's tail)
         self._touch(table, key)
         self.txn.delete(key, db=self.store.dbs[table])
 

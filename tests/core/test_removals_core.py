@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from overlayckpt.core import removals
+from overlayckpt.core.journal import next_seq, records
 from overlayckpt.core.removals import RemovalLog
 from overlayckpt.errors import FsError
 from overlayckpt.records import ROOT_INO
@@ -42,12 +43,8 @@ def logged(session: Session) -> Iterator[tuple[Session, RemovalLog]]:
 
 
 def _journal_ops(s: Session) -> list[tuple[str, int, tuple[str, ...]]]:
-    from overlayckpt.core.journal import JournalRecord
-    from overlayckpt.records import from_u64
-    from overlayckpt.tables import JOURNAL
-    return s.store.read(lambda r: [
-        (rec.op, rec.pid, rec.paths) for rec in
-        (JournalRecord.unpack(from_u64(k), v) for k, v in r.prefix(JOURNAL, b""))])
+    return s.store.read(lambda r: [(rec.op, rec.pid, rec.paths)
+                                   for rec in records(r, 0, next_seq(r), undo=False)])
 
 
 def test_unlinks_are_answered_then_stored_together_in_order(
