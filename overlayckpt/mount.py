@@ -31,11 +31,11 @@ fastpath.preload()  # before pyfuse3 binds libfuse (see fastpath.py)
 import pyfuse3
 import trio
 
+from overlayckpt.core.answered import Answered
 from overlayckpt.core.apply import apply_live
 from overlayckpt.core.latency import Captures
 from overlayckpt.core.maintenance import DEFAULT_BUDGET
 from overlayckpt.core.overlay import make_durable
-from overlayckpt.core.removals import RemovalLog
 from overlayckpt.core.timeline import Timeline
 from overlayckpt.core.workers import wait_idle
 from overlayckpt.errors import UserError
@@ -230,11 +230,11 @@ def run_daemon(repo: str, mountpoint: str, store_dir: str, *, block_size: int | 
     session.readers = Readers(store_dir, session.repo, session.lower.fd)
     control = ControlFs(session, CheckpointViews(session.ctx))
     daemon = Daemon(session, control)
-    # removals are answered before they are stored where C answers the GETATTRs that follow
-    removals = RemovalLog(session.store) if fastpath.loaded() else None
+    # names are made and removed before they are stored where C answers what follows
+    answered = Answered(session.overlay) if fastpath.loaded() else None
     ops = Operations(session.overlay, control, invalidate=kernel.invalidate,
                      kernel_handles=fastpath.active, capture=captures, forgotten=forgotten,
-                     removals=removals)
+                     answered=answered)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an unmount's, before the loop takes it
     try:
         with stderr_lines() as said:  # libfuse says why only there

@@ -334,13 +334,14 @@ DAEMON_LOG_ALLOWED: list[tuple[str, str]] = [
     (r"WARNING overlayckpt\.core\.writebehind: stored \d+ writes that a stopped daemon had acknowledged",
      r"test_reliability\.py::(test_crash_|test_restore_both_is_both_or_neither_when_killed|"
      r"test_writes_acknowledged_before_they_were_stored_survive_kill|"
+     r"test_creates_and_removals_answered_before_they_were_stored_survive_kill|"
      r"test_sigterm_stores_acknowledged_writes_before_it_applies|"
      r"test_stale_mount_is_reported_and_cleared)"
      r"|test_stress\.py::"),
-    # and removals Python had answered and not stored yet (core/removals.py), likewise
-    (r"WARNING overlayckpt\.core\.removals: stored \d+ removals that a stopped daemon had answered",
+    # and creates and removals Python had answered and not stored yet (core/answered.py), likewise
+    (r"WARNING overlayckpt\.core\.answered: stored \d+ creates and removals that a stopped daemon had answered",
      r"test_reliability\.py::(test_crash_|test_restore_both_is_both_or_neither_when_killed|"
-     r"test_removals_answered_before_they_were_stored_survive_kill|"
+     r"test_creates_and_removals_answered_before_they_were_stored_survive_kill|"
      r"test_stale_mount_is_reported_and_cleared)"
      r"|test_stress\.py::"),
     # the restore removed the file a write was acknowledged for: the test checks that

@@ -94,7 +94,7 @@ def test_each_change_in_a_directory_is_answered_as_python_answers(mounted: Mount
 
 
 def test_a_burst_of_removals_is_answered_as_python_answers_after_it(mounted: Mount) -> None:
-    """Removals are answered before they are stored (core/removals.py), a burst of them
+    """Removals are answered before they are stored (core/answered.py), a burst of them
     committed together: each answer's directory attributes count the removals before
     it that are not stored yet (an rmdir takes a link of its parent)."""
     m = mounted

@@ -1471,12 +1471,13 @@ def test_writes_acknowledged_before_they_were_stored_survive_kill(tmp_path: Path
         cleanup_mount(m)
 
 
-def test_removals_answered_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
-    """Python answers an unlink or rmdir once checked and stores it with the removals
-    around it (core/removals.py); the removal log makes it survive kill -9 all the
-    same. The killer is the process that removed, at once: the removals since the last
-    store (FOLD_WAIT ago at most) are still deferred, unless the machine paused it for
-    that long, which a next round undoes."""
+def test_creates_and_removals_answered_before_they_were_stored_survive_kill(tmp_path: Path) -> None:
+    """Python answers a create, unlink or rmdir once checked and stores it with the
+    changes around it (core/answered.py); its log makes it survive kill -9 all the
+    same, and the writes C acknowledged to the files made find them. The killer is the
+    process that made and removed, at once: what was answered since the last store
+    (FOLD_WAIT ago at most) is still deferred, unless the machine paused it for that
+    long, which a next round undoes."""
     repo = make_repo(tmp_path / "repo")
     m = Mount(repo, tmp_path / "mnt", tmp_path / "store")
     replayed: list[str] = []
@@ -1491,22 +1492,26 @@ def test_removals_answered_before_they_were_stored_survive_kill(tmp_path: Path) 
                 for i in range(10):
                     (gen / f"pkg{d}" / f"m{i}.js").write_bytes(b"module.exports = %d;\n" % i)
             (gen / "kept.txt").write_bytes(b"kept")
+            (gen / "made").mkdir()
             for d in range(30):
                 for i in range(10):
                     os.unlink(gen / f"pkg{d}" / f"m{i}.js")
                 os.rmdir(gen / f"pkg{d}")
+                (gen / "made" / f"n{d}.js").write_bytes(b"made %d\n" % d)
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: not proc_alive(pid), f"daemon {pid} to die")
             force_unmount(str(m.mnt))
             mount(repo, m.mnt, m.store)
-            assert os.listdir(gen) == ["kept.txt"]  # nothing came back
+            assert sorted(os.listdir(gen)) == ["kept.txt", "made"]  # nothing came back
+            assert {p.name: p.read_bytes() for p in (gen / "made").iterdir()} == {
+                f"n{d}.js": b"made %d\n" % d for d in range(30)}
             fsck_clean(["--mount", str(m.mnt)])
-            replayed = re.findall(r"stored (\d+) removals that a stopped daemon had answered",
+            replayed = re.findall(r"stored (\d+) creates and removals that a stopped daemon had answered",
                                   (m.store / "daemon.log").read_text())
             cleanup_mount(m)
             if replayed:
                 break
-        assert replayed, "no round killed the daemon while an answered removal was unstored"
+        assert replayed, "no round killed the daemon while an answered change was unstored"
     finally:
         cleanup_mount(m)
 

@@ -53,10 +53,6 @@ from overlayckpt.tables import BMAP, DIRENTS, META, NEXT_INO_KEY, REMOVALS_KEY, 
 
 T = TypeVar("T")
 
-# logs a removal before it is answered: (parent, name, is_rmdir, caller, time, parent's path)
-# -> the meta value that marks it stored (removals.RemovalLog.append)
-Logger = Callable[[int, bytes, bool, Caller, int, str], bytes]
-
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -132,7 +128,6 @@ class Overlay(Tree):
         self.store = store
         self.window = window
         self.last_written: dict[bytes, bytes | None] = {}  # (written)
-        self.unlinking: dict[tuple[int, bytes], bool] = {}  # deferred removals: is_rmdir
         if isinstance(store, ReaderStore):  # (another process's store: its daemon set it up)
             return
         def set_up(w: WriteTxn) -> None:
@@ -146,9 +141,9 @@ class Overlay(Tree):
     # -- plumbing -------------------------------------------------------------
 
     def _mutate(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> T:
-        return self.store.write(self._journaled(caller, op, fn))
+        return self.store.write(self.journaled(caller, op, fn))
 
-    def _journaled(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> Callable[[WriteTxn], T]:
+    def journaled(self, caller: Caller, op: str, fn: Callable[[Mutation], T]) -> Callable[[WriteTxn], T]:
         """The transaction of one operation: fn, then its journal record."""
         def txn(w: WriteTxn) -> T:
             m = Mutation(w)
@@ -198,7 +193,7 @@ class Overlay(Tree):
             node.mtime_ns = t
         m.put_node(ino, node)
 
-    def _dir(self, m: State, ino: int) -> Node:
+    def dir_node(self, m: State, ino: int) -> Node:
         node = self.node(m, ino)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
@@ -212,7 +207,7 @@ class Overlay(Tree):
                 return None
             raise
 
-    def _check_name(self, parent: int, name: bytes) -> None:
+    def check_name(self, parent: int, name: bytes) -> None:
         if parent == ROOT_INO and name == CONTROL_NAME:
             raise FsError(errno.EPERM, "the control directory is reserved")
         if len(name) > NAME_MAX:
@@ -235,19 +230,18 @@ class Overlay(Tree):
             # leave one each, for the listings to skip and restores to carry)
             m.delete(T_DIRENTS, key)
 
-    def _new_node(self, m: Mutation, parent: int, pnode: Node, mode: int, uid: int, gid: int,
-                  rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
-        ino = m.w.next_counter(NEXT_INO_KEY, FIRST_UPPER_INO)
-        t = now_ns()
+    @staticmethod
+    def inherited(pnode: Node, mode: int, gid: int) -> tuple[int, int]:
+        """The mode and group of a new inode in directory pnode (its set-group-ID passes on)."""
         if pnode.mode & stat.S_ISGID:
-            gid = pnode.gid
-            if stat.S_ISDIR(mode):
-                mode |= stat.S_ISGID
+            return (mode | stat.S_ISGID if stat.S_ISDIR(mode) else mode), pnode.gid
+        return mode, gid
+
+    @staticmethod
+    def new_node(mode: int, uid: int, gid: int, t: int, rdev: int = 0, target: bytes | None = None) -> Node:
         is_dir = stat.S_ISDIR(mode)
-        node = Node(mode, uid, gid, len(target) if target else 0, t, t, t, 2 if is_dir else 1, rdev,
+        return Node(mode, uid, gid, len(target) if target else 0, t, t, t, 2 if is_dir else 1, rdev,
                     None, 0, F_XATTRS_OWN | (F_OPAQUE if is_dir else 0), target)
-        m.put_node(ino, node)
-        return ino, node
 
     def _touch_parent(self, m: Mutation, parent: int, nlink_delta: int = 0, t: int | None = None) -> Node:
         pnode = self._own(m, parent)
@@ -260,25 +254,44 @@ class Overlay(Tree):
     def create(self, caller: Caller, parent: int, name: bytes, mode: int, uid: int, gid: int,
                rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         """create, mknod, mkdir and symlink: a new inode at parent/name."""
-        self._check_name(parent, name)
+        self.check_name(parent, name)
         op = "mkdir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "create"
 
         def fn(m: Mutation) -> tuple[int, Node]:
-            pnode = self._dir(m, parent)
-            if self._exists(m, parent, name) is not None:
-                raise FsError(errno.EEXIST)
-            ino, node = self._new_node(m, parent, pnode, mode, uid, gid, rdev, target)
-            self._link_entry(m, parent, name, ino)
-            self._touch_parent(m, parent, 1 if stat.S_ISDIR(mode) else 0)
-            m.touched(self.child_path(parent, name), Change.ADDED)
-            return ino, node
+            made_mode, made_gid = self.inherited(self.dir_node(m, parent), mode, gid)
+            return self.made(parent, name, None, self.new_node(made_mode, uid, made_gid, now_ns(), rdev, target),
+                             None)(m)
         return self._mutate(caller, op, fn)
 
+    def made(self, parent: int, name: bytes, ino: int | None, node: Node, logged: bytes | None
+             ) -> Callable[[Mutation], tuple[int, Node]]:
+        """A create's change: node linked in at parent/name, numbered ino (None: the next
+        number; else the number it was answered with: core/answered.py, which logged it
+        as logged)."""
+        def fn(m: Mutation) -> tuple[int, Node]:
+            self.dir_node(m, parent)
+            if self._exists(m, parent, name) is not None:
+                raise FsError(errno.EEXIST)
+            number = m.w.next_counter(NEXT_INO_KEY, FIRST_UPPER_INO)
+            if ino is not None:
+                if self.has_record(m, ino):  # (only if another thread made inodes meanwhile)
+                    raise FsError(errno.EIO, f"inode {ino} was answered and then taken")
+                m.w.set_meta_int(NEXT_INO_KEY, max(number, ino + 1))
+                number = ino
+            m.put_node(number, node)
+            self._link_entry(m, parent, name, number)
+            self._touch_parent(m, parent, 1 if node.is_dir else 0, node.mtime_ns)
+            m.touched(self.child_path(parent, name), Change.ADDED)
+            if logged is not None:
+                m.w.put(META, REMOVALS_KEY, logged)
+            return number, node
+        return fn
+
     def link(self, caller: Caller, ino: int, parent: int, name: bytes) -> Node:
-        self._check_name(parent, name)
+        self.check_name(parent, name)
 
         def fn(m: Mutation) -> Node:
-            self._dir(m, parent)
+            self.dir_node(m, parent)
             if self._exists(m, parent, name) is not None:
                 raise FsError(errno.EEXIST)
             node = self._own(m, ino)
@@ -295,15 +308,14 @@ class Overlay(Tree):
     def remove(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool, *,
                logged: bytes | None = None, t: int | None = None) -> int:
         """unlink and rmdir. Returns the inode that lost a name. logged: the removal log's
-        mark of this removal (removals.py); t: its time (now)."""
+        mark of this removal (answered.py); t: its time (now)."""
         return self._mutate(caller, "rmdir" if is_rmdir else "unlink",
-                            self._remove(parent, name, is_rmdir, logged, now_ns() if t is None else t))
+                            self.removal(parent, name, is_rmdir, logged, now_ns() if t is None else t))
 
-    def _remove(self, parent: int, name: bytes, is_rmdir: bool, logged: bytes | None,
+    def removal(self, parent: int, name: bytes, is_rmdir: bool, logged: bytes | None,
                 t: int) -> Callable[[Mutation], int]:
         def fn(m: Mutation) -> int:
-            self.unlinking.pop((parent, name), None)  # (deferred: stored, or failed, now)
-            pnode = self._dir(m, parent)
+            pnode = self.dir_node(m, parent)
             ino = self.lookup(m, parent, name)
             node = self._own(m, ino)
             if is_rmdir:
@@ -326,48 +338,17 @@ class Overlay(Tree):
             return ino
         return fn
 
-    def remove_later(self, caller: Caller, parent: int, name: bytes, is_rmdir: bool, log: Logger,
-                     failed: Callable[[Exception], None]) -> tuple[int, Node]:
-        """unlink or rmdir, checked now, logged (log: RemovalLog.append) and stored with the
-        next write transaction (Store.defer): a burst of them shares its commits. Returns
-        the inode and the parent's node as the removal leaves them, for the reply. Only
-        writes and removals are ever deferred, and of what is checked here a write
-        changes nothing, a removal its own name, which `unlinking` holds."""
-        key = (parent, name)
-
-        def check(r: ReadTxn) -> tuple[int, Node]:
-            pnode = self._dir(r, parent)
-            ino = self.lookup(r, parent, name)
-            if key in self.unlinking:
-                raise FsError(errno.ENOENT)
-            if self.node(r, ino).is_dir != is_rmdir:
-                raise FsError(errno.EISDIR if not is_rmdir else errno.ENOTDIR)
-            if is_rmdir and any((ino, n) not in self.unlinking for n, _, _ in self.entries(r, ino)):
-                raise FsError(errno.ENOTEMPTY)
-            return ino, pnode
-        ino, pnode = self.store.peek(check)
-        t = now_ns()
-        logged = log(parent, name, is_rmdir, caller, t, self.path_of(parent))
-        self.unlinking[key] = is_rmdir
-        self.store.defer(self._journaled(caller, "rmdir" if is_rmdir else "unlink",
-                                         self._remove(parent, name, is_rmdir, logged, t)),
-                         failed, (ino, parent), 0)
-        pnode.mtime_ns = pnode.ctime_ns = t
-        # (the deferred rmdirs in parent, this one included, each take one of its links)
-        pnode.nlink -= sum(d for (p, _), d in self.unlinking.items() if p == parent)
-        return ino, pnode
-
     def rename(self, caller: Caller, p1: int, n1: bytes, p2: int, n2: bytes, flags: int) -> int | None:
         """rename(2) incl. RENAME_NOREPLACE and RENAME_EXCHANGE. Returns the replaced inode."""
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
             # e.g. RENAME_WHITEOUT: doing a plain rename instead would silently differ from Linux
             raise FsError(errno.EINVAL, f"unsupported rename flags {flags:#x}")
-        self._check_name(p2, n2)
-        self._check_name(p1, n1)
+        self.check_name(p2, n2)
+        self.check_name(p1, n1)
 
         def fn(m: Mutation) -> int | None:
-            pn1 = self._dir(m, p1)
-            self._dir(m, p2)
+            pn1 = self.dir_node(m, p1)
+            self.dir_node(m, p2)
             src = self.lookup(m, p1, n1)
             dst = self._exists(m, p2, n2)
             snode = self._own(m, src)
@@ -570,7 +551,7 @@ class Overlay(Tree):
         """A write its writer was told is done (write-behind), stored with the next write
         transaction or when ino is read (Store.defer); failed(e) if it fails on its own.
         since: when its request arrived (Store.on_deferred_stored)."""
-        self.store.defer(self._journaled(caller, "write", self._write(ino, off, data, logged)), failed, (ino,),
+        self.store.defer(self.journaled(caller, "write", self._write(ino, off, data, logged)), failed, (ino,),
                          len(data), since)
 
     def _write(self, ino: int, off: int, data: bytes, logged: bytes | None) -> Callable[[Mutation], int]:

@@ -22,15 +22,15 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from overlayckpt.core import writebehind
+from overlayckpt.core.answered import Answered
 from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
-from overlayckpt.core.overlay import Overlay, keep_up, make_durable
-from overlayckpt.core.removals import RemovalLog
+from overlayckpt.core.overlay import Overlay, make_durable
 from overlayckpt.errors import FsError
 from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs, entry_record
+from overlayckpt.fuse.behind import Behind
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.fuse.forgotten import Forgotten
@@ -52,11 +52,6 @@ Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 T = TypeVar("T")
-STORE_DEFERRED_TURNS = 8
-# Deferred writes of at most FOLD_BYTES wait up to FOLD_WAIT seconds for the next write
-# transaction: where a commit costs more than their capture.
-FOLD_BYTES = 8192
-FOLD_WAIT = 0.002
 
 
 def translate_errors(fn: F) -> F:
@@ -94,16 +89,16 @@ class Operations(pyfuse3.Operations):
                  invalidate: Invalidate = no_invalidate,
                  kernel_handles: Callable[[], bool] = lambda: False,
                  capture: Captures | None = None, forgotten: Forgotten | None = None,
-                 removals: RemovalLog | None = None) -> None:
+                 answered: Answered | None = None) -> None:
         """invalidate: drops kernel caches (the mount's); kernel_handles: whether
         the fast path library serves the session, asked once, at the first open (after the mount);
         capture: where the capture latency of writes is recorded (overlayckpt stats);
         forgotten: the inodes invalidate makes the kernel forget (fuse/forgotten.py);
-        removals: the log of removals answered before they are stored (None: none is)."""
+        answered: what answers creates and removals before they are stored (None: none is)."""
         super().__init__()
-        self.removals = removals
+        self.answered = answered
         self.capture = capture if capture is not None else Captures()
-        overlay.store.on_deferred_stored = self._captured_later
+        self.behind = Behind(overlay, self.capture, invalidate)
         if fastpath.loaded():  # every change drops the names C answers (fuse/csrc/names.c)
             overlay.store.on_commit = fastpath.names_touch
             overlay.lower.on_forget = fastpath.names_changed
@@ -116,18 +111,9 @@ class Operations(pyfuse3.Operations):
         self._next_snapshot = 0
         self._kernel_handles_known = kernel_handles
         self._kernel_handles: bool | None = None
-        # inode -> errno of a write that failed after C acknowledged it; fsync reports it
-        self.failed_writes: dict[int, int] = {}
         self.invalidate = invalidate
         self.forgotten = forgotten if forgotten is not None else Forgotten()
         self._next_fh = 1
-        # a write that finds the store too far ahead of the disk waits off the loop (keep_up)
-        overlay.store.writes_wait = False
-        self._disk_gate = trio.Lock()
-        self._behind_held = False  # write-behind paused until the disk has caught up
-        self._behind_failed = False  # stopped for good: the store failed a write
-        self._behind_fd: int | None = None  # the log, to turn write-behind on again
-        self._storing_soon = False  # _store_deferred_soon is on its way
 
     # -- helpers --------------------------------------------------------------
 
@@ -187,7 +173,9 @@ class Operations(pyfuse3.Operations):
         publish = fastpath.loaded()  # (C answers what Python publishes: fuse/csrc/names.c)
         stamp, listed = (fastpath.names_clock(), self.ov.lower.listings_made) if publish else (0, 0)
         try:
-            # writes deferred (write_later) change no name: only the inode found may differ
+            if self.answered is not None and self.answered.making(parent_inode, name):
+                self.ov.store.store_deferred()
+            # else what is deferred changes no name but removes some: the inode found then is
             ino, node = self.ov.peek(fn)
             if self.ov.store.deferring(ino):
                 ino, node = self.ov.live(fn)
@@ -313,8 +301,19 @@ class Operations(pyfuse3.Operations):
     @translate_errors
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        await self._keep_up()
-        ino, node = self._create(parent_inode, name, stat.S_IFREG | (mode & 0o7777), ctx)
+        await self.behind.keep_up()
+        mode = stat.S_IFREG | (mode & 0o7777)
+        if self._answer_first():  # answered now, stored with what is around it (answered.py)
+            assert self.answered is not None
+            self._no_control(parent_inode)
+            caller = self._caller(ctx)
+            ino, node, pnode = self.answered.create(caller, parent_inode, name, mode, ctx.uid, ctx.gid,
+                                                    functools.partial(self._answered_failed, parent_inode, name))
+            self.writers.wrote(ino, caller)
+            self._answered(ino, parent_inode, pnode)
+            self._named(parent_inode, name)
+        else:
+            ino, node = self._create(parent_inode, name, mode, ctx)
         return pyfuse3.FileInfo(fh=self._file_handle(ino, ctx), keep_cache=True), self._attrs(ino, node)
 
     @translate_errors
@@ -327,26 +326,32 @@ class Operations(pyfuse3.Operations):
 
     def _remove(self, parent: int, name: bytes, is_rmdir: bool, ctx: pyfuse3.RequestContext) -> None:
         self._no_control(parent)
-        if self.removals is None or self._behind_failed or not self._room():
+        if not self._answer_first():
             self.ov.remove(self._caller(ctx), parent, name, is_rmdir)
             self._changed_dirs(parent)
             return
-        # answered now, stored with the removals and writes around it (removals.py)
-        ino, pnode = self.ov.remove_later(self._caller(ctx), parent, name, is_rmdir, self.removals.append,
-                                          functools.partial(self._remove_failed, parent, name))
-        fastpath.names_touch({u64(ino), u64(parent)})  # (C's answers of them: stale)
+        assert self.answered is not None  # answered now, stored with what is around it (answered.py)
+        ino, pnode = self.answered.remove(self._caller(ctx), parent, name, is_rmdir,
+                                          functools.partial(self._answered_failed, parent, name))
+        self._answered(ino, parent, pnode)
+
+    def _answer_first(self) -> bool:
+        """Whether a create or removal may be answered before it is stored (answered.py)."""
+        return self.answered is not None and self.behind.may_answer_first()
+
+    def _answered(self, ino: int, parent: int, pnode: Node) -> None:
+        """A create or removal of ino in parent answered before it is stored: what C held
+        of them is stale, the parent is as pnode says, and its commit reports none of
+        this again (Store.defer's announced), so that C keeps answering from it."""
+        fastpath.names_touch({u64(ino), u64(parent)})
         fastpath.publish_dir_attrs(self._attrs(parent, pnode))
-        self._store_soon()
+        self.behind.store_soon()
 
-    def _room(self) -> bool:
-        """Whether the store's disk has room for what is answered before it is stored (as
-        C asks before it acknowledges a write): on a full disk the removal itself fails."""
-        free = self.ov.store.free_bytes()
-        return free is not None and free >= fastpath.MIN_FREE
-
-    def _remove_failed(self, parent: int, name: bytes, e: Exception) -> None:
-        log.error("a removal of %r in inode %d failed after it was answered (%s): the name "
-                  "is back", name, parent, e, exc_info=not isinstance(e, FsError))
+    def _answered_failed(self, parent: int, name: bytes, e: Exception) -> None:
+        log.error("a create or removal of %r in inode %d failed after it was answered (%s): "
+                  "the directory is as it was", name, parent, e, exc_info=not isinstance(e, FsError))
+        fastpath.names_touch({u64(parent)})  # (what C was told of it as it was answered)
+        fastpath.drop_dir_attrs()
         with contextlib.suppress(RuntimeError):  # (at unmount, outside the loop: nothing held)
             trio.lowlevel.spawn_system_task(self.invalidate, [parent], [(parent, name)])
 
@@ -408,8 +413,8 @@ class Operations(pyfuse3.Operations):
             else:  # page writeback: the file's last writer dirtied those pages
                 caller = self.writers.of(ino)
             if logged is not None:
-                return await self._write_behind(caller, ino, off, buf, logged, arrival)
-            await self._keep_up()
+                return self.behind.write(caller, ino, off, buf, logged, arrival)
+            await self.behind.keep_up()
             written = self.ov.write(caller, ino, off, buf)
             if arrival:  # captured (and committed) before the reply
                 self.capture.before_reply.record(time.monotonic_ns() - arrival)
@@ -417,88 +422,8 @@ class Operations(pyfuse3.Operations):
         h = self.handles[fh]
         if h.control is not None:
             return await self.ctl.write(h.control, off, buf)
-        await self._keep_up()
+        await self.behind.keep_up()
         return self.ov.write(h.caller, h.ino, off, buf)
-
-    async def _keep_up(self) -> None:
-        """Wait (off the loop) if the store is too far ahead of the disk; once it has
-        caught up, acknowledge writes early again."""
-        await keep_up(self.ov.store, self._disk_gate)
-        if self._behind_held and not self._behind_failed:
-            if self._behind_fd is None:
-                self._behind_fd = writebehind.open_log(self.ov.store.path)
-            fastpath.write_behind(self._behind_fd, writebehind.LOG_SIZE, *writebehind.position(self.ov.store))
-        self._behind_held = False
-
-    def _hold_write_behind(self) -> None:
-        """An acknowledged write must be stored now, in order, so it cannot wait: when the
-        store is too far ahead of the disk, acknowledge no more, and the writes that come
-        instead wait in _keep_up."""
-        if not self._behind_held and self.ov.store.too_far_ahead():
-            fastpath.stop_write_behind()
-            self._behind_held = True
-
-    def _captured_later(self, arrivals: list[int]) -> None:
-        """Writes acknowledged before their capture (write-behind) are in the store now."""
-        self.capture.after_reply.record_since(time.monotonic_ns(), arrivals)
-
-    async def _write_behind(self, caller: Caller, ino: int, off: int, buf: bytes,
-                            logged: tuple[int, int], arrival: int) -> int:
-        """Store a write whose writer was told it is done (see fuse/csrc/behind.c), with the next
-        write transaction or soon after (Overlay.write_later): a failure can only be kept
-        for the file's next fsync, as a native file system does."""
-        done = writebehind.pack_position(*logged)
-        self._hold_write_behind()
-
-        def failed(e: Exception) -> None:
-            err = e.errno if isinstance(e, FsError) else errno.EIO
-            log.error("a write of %d bytes at %d to inode %d failed after it was acknowledged "
-                      "(%s); the file's next fsync reports it", len(buf), off, ino,
-                      os.strerror(err), exc_info=not isinstance(e, FsError))
-            self.failed_writes.setdefault(ino, err)
-            try:
-                writebehind.skip(self.ov.store, done)
-            except FsError:
-                pass  # then a replay fails the same way
-            if err not in (errno.ESTALE, errno.ENOENT):
-                # the store itself failed (full, broken): from now on each write waits
-                # for its own answer; a file a restore removed concerns that file only
-                fastpath.stop_write_behind()
-                self._behind_failed = True
-            try:  # the kernel's pages hold what was not stored
-                trio.lowlevel.spawn_system_task(self.invalidate, [ino], [])
-            except RuntimeError:
-                pass  # stored at unmount, outside the loop: the kernel holds nothing any more
-
-        self.ov.write_later(caller, ino, off, buf, done, failed, arrival)
-        self._store_soon()
-        return len(buf)
-
-    def _store_soon(self) -> None:
-        if not self._storing_soon:
-            self._storing_soon = True
-            trio.lowlevel.spawn_system_task(self._store_deferred_soon)
-
-    async def _store_deferred_soon(self) -> None:
-        """Commit the deferred writes: a few small ones with the next write transaction
-        (a file's create and its first write then cost one commit, not two), or
-        FOLD_WAIT from now; more, once no request waits (those queued may add to them),
-        or after a few turns of the loop: its tasks may all be waiting on something else.
-        (Capturing a 20 KiB atomic save's write on the rename's path, not while the loop
-        was idle, made the save 7-15% slower.)"""
-        try:
-            if self.ov.store.deferred_bytes() <= FOLD_BYTES:
-                await trio.sleep(FOLD_WAIT)
-            for _ in range(STORE_DEFERRED_TURNS):
-                if not (fastpath.requests_waiting() and self.ov.store.deferred()):
-                    break
-                await trio.sleep(0)
-        finally:
-            self._storing_soon = False
-            try:
-                self.ov.store.store_deferred()
-            except Exception:  # each write's own failure is handled; not this
-                log.exception("storing deferred writes failed")
 
     @translate_errors
     async def flush(self, fh: int) -> None:
@@ -516,7 +441,7 @@ class Operations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         await make_durable(self.ov.store)
         ino = fh ^ KERNEL_HANDLE if fh & KERNEL_HANDLE else self.handles[fh].ino
-        failed = self.failed_writes.pop(ino, None)
+        failed = self.behind.failed_writes.pop(ino, None)
         if failed is not None:
             raise FsError(failed)
 

@@ -140,12 +140,12 @@ class Session:
             window = float(info.get("window", 1.0))
         overlay = Overlay(store, lower, window=window)
         try:
-            from overlayckpt.core import removals, writebehind
+            from overlayckpt.core import answered, writebehind
             if store.cache_lost:  # their pages may be a mix of old and new: never replayed
-                removals.discard(store_dir)
+                answered.discard(store_dir)
                 writebehind.discard(store_dir)
-            else:  # what a killed daemon answered and never stored (removals and writes commute)
-                removals.recover(overlay, store_dir)
+            else:  # what a killed daemon answered and never stored (names and writes commute)
+                answered.recover(overlay, store_dir)
                 writebehind.recover(overlay, store_dir)
             absrepo = os.fsencode(os.path.realpath(repo))
             if recorded != absrepo:

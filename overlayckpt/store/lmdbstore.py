@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # a deferred write (Store.defer): fn, failed, tags, since
-Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], tuple[int, ...], int]
+Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], tuple[int, ...], int, bool]
 
 
 INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
@@ -266,19 +266,21 @@ class Store:
     # commit for several writes, or for a write and the create or rename after it.
 
     def defer(self, fn: Callable[[WriteTxn], object], failed: Callable[[Exception], None],
-              tags: tuple[int, ...], size: int, since: int = 0) -> None:
+              tags: tuple[int, ...], size: int, since: int = 0, announced: bool = False) -> None:
         """Run fn before the next write transaction of this thread. failed(e): fn failed on
         its own. tags: what fn changes (inodes), for deferring; size: its bytes; since:
-        when its request arrived (for on_deferred_stored)."""
+        when its request arrived (for on_deferred_stored); announced: what fn writes was
+        reported to on_commit's reader as it was answered (core/answered.py), so that
+        its commit reports nothing of it."""
         self._deferring_thread = threading.get_ident()
-        self._deferred.append((fn, failed, tags, since))
+        self._deferred.append((fn, failed, tags, since, announced))
         self._deferred_bytes += size
         if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
             self.store_deferred()
 
     def deferring(self, tag: int) -> bool:
         """Whether a deferred write changes that inode."""
-        return any(tag in tags for _, _, tags, _ in self._deferred)
+        return any(tag in tags for _, _, tags, _, _ in self._deferred)
 
     def deferred(self) -> int:
         return len(self._deferred)
@@ -310,8 +312,13 @@ class Store:
         taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
 
         def both(w: WriteTxn) -> T | None:
-            for deferred_fn, _, _, _ in taken:
-                deferred_fn(w)
+            for deferred_fn, _, _, _, announced in taken:
+                if announced:  # (what it touches is not reported: the others' is kept aside)
+                    others, w.touched = w.touched, None
+                    deferred_fn(w)
+                    w.touched = others
+                else:
+                    deferred_fn(w)
             return fn(w) if fn is not None else None
         try:
             result = self._commit(both)
@@ -332,7 +339,7 @@ class Store:
 
     def _stored(self, taken: list[Deferred]) -> None:
         if self.on_deferred_stored is not None:
-            self.on_deferred_stored([since for _, _, _, since in taken])
+            self.on_deferred_stored([since for _, _, _, since, _ in taken])
 
     def _grown(self) -> int:
         return self.env.info()["last_pgno"] - self._point_pages

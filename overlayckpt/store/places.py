@@ -23,7 +23,7 @@ import stat
 from overlayckpt.errors import UserError
 
 # every file a store consists of (lmdbstore, synced.py, core/writebehind.py,
-# core/removals.py, info.py and the daemon's log); drop deletes these and nothing else
+# core/answered.py, info.py and the daemon's log); drop deletes these and nothing else
 STORE_FILES = ("data.mdb", "lock.mdb", "lock", "synced", "behind.log", "removals.log",
                "session.json", "session.json.tmp", "daemon.log")
 DIR_MODE = 0o700
