@@ -313,6 +313,31 @@ def test_a_create_burst_has_its_next_names_answered_in_c(mounted: Mount) -> None
         assert not os.path.lexists(d / "new50")
 
 
+def test_saves_over_a_file_have_their_next_temporary_name_answered_in_c(mounted: Mount) -> None:
+    """An editor's saves, renamed over the file from a temporary name, the same one each
+    time or one never used again: the lookup of each save's temporary name is answered
+    in C as absent (also beyond the 1,024 names a listing keeps as made since it was
+    published); afterwards the directory holds the file, with the last save's content,
+    and nothing else."""
+    m = mounted
+    d = m.mnt / "saves"
+    d.mkdir()
+    (d / "f.py").write_bytes(b"v0")
+    os.listdir(d)
+    for saves, tmp_name in ((50, ".f.py.swp"), (1100, ".f.py.{}.tmp")):
+        before = counters(m)
+        for i in range(saves):
+            tmp = d / tmp_name.format(i)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"v%d" % i)
+            os.close(fd)
+            os.rename(tmp, d / "f.py")
+        assert counters(m)[2] - before[2] >= saves - 5, f"C answered few lookups of {tmp_name}"
+        forget_names()
+        assert os.listdir(d) == ["f.py"] and (d / "f.py").read_bytes() == b"v%d" % (saves - 1)
+        assert not os.path.lexists(d / tmp_name.format(5))
+
+
 def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: MountFactory,
                                                                 tmp_path: Path) -> None:
     """Lookups in a repo directory too big for Lower to keep listed (core/lower.py) publish

@@ -30,6 +30,8 @@ def lib() -> Iterator[ctypes.CDLL]:
     lib.fastpath_configure(ctypes.c_uint64(CONTROL_INO_BASE))
     lib.fastpath_names_clock.restype = ctypes.c_uint64
     lib.fastpath_listing_add.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_listing_rename.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
+                                            ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_publish_listing.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p,
                                              ctypes.c_size_t]
     lib.fastpath_names_touch.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
@@ -121,6 +123,48 @@ def test_a_rename_into_it_is_taken(lib: ctypes.CDLL) -> None:
     create(lib, 507, b"z")  # (507 lost a name C's listing of it still has)
     commit(lib, 507, 95002)
     assert not add(lib, 507, b"z")
+
+
+def rename(lib: ctypes.CDLL, d: int, old: bytes, new: bytes, moved: int) -> bool:
+    """A rename within d: its arrival, Python's commit, and what Python then tells C."""
+    arrive(lib, FUSE_RENAME, d, struct.pack("<Q", d) + old + b"\0" + new + b"\0")
+    commit(lib, d, moved)
+    return bool(lib.fastpath_listing_rename(d, old, len(old), new, len(new)))
+
+
+def test_saves_under_names_never_used_again_keep_the_listing_whole(lib: ctypes.CDLL) -> None:
+    """An editor's saves, each under a temporary name of its own: the name renamed away
+    leaves the names made since the listing, so two thousand of them never fill them
+    (ADDED_MOST, 1,024), and the listing stays whole throughout."""
+    publish(lib, 508, [b"f"])
+    for i in range(2000):
+        tmp = b".f.%d.tmp" % i
+        create(lib, 508, tmp)
+        commit(lib, 508, 96000 + i)
+        assert add(lib, 508, tmp), i
+        assert rename(lib, 508, tmp, b"f", 96000 + i), i
+    # as the same saves would with each renamed name kept: the listing is full at 1,024
+    publish(lib, 509, [b"f"])
+    taken = 0
+    for i in range(1100):
+        tmp = b".f.%d.tmp" % i
+        create(lib, 509, tmp)
+        commit(lib, 509, 97000 + i)
+        taken += add(lib, 509, tmp)
+        arrive(lib, FUSE_RENAME, 509, struct.pack("<Q", 509) + tmp + b"\0f\0")
+        commit(lib, 509, 97000 + i)
+        taken += add(lib, 509, b"f")
+    assert taken < 2200
+
+
+def test_a_rename_away_of_a_published_name_leaves_the_listing_stale(lib: ctypes.CDLL) -> None:
+    """A name the listing was published with cannot be taken out of it: the rename is
+    refused, and so is the next name made."""
+    publish(lib, 510, [b"a", b"b"])
+    assert not rename(lib, 510, b"a", b"c", 510000)
+    create(lib, 510, b"d")
+    commit(lib, 510, 98000)
+    assert not add(lib, 510, b"d")
 
 
 def test_a_name_made_without_its_arrival_is_refused(lib: ctypes.CDLL) -> None:

@@ -100,6 +100,9 @@ def preload() -> None:
     lib.fastpath_publish_listing.restype = ctypes.c_int
     lib.fastpath_listing_add.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_listing_add.restype = ctypes.c_int
+    lib.fastpath_listing_rename.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                                            ctypes.c_size_t]
+    lib.fastpath_listing_rename.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
@@ -356,6 +359,12 @@ def listing_added(ino: int, name: bytes) -> bool:
     arrived (names.c: then C answers the next name's lookup, as a create burst asks it,
     as absent). Whether C took it."""
     return _lib is not None and bool(_lib.fastpath_listing_add(ino, name, len(name)))
+
+
+def listing_renamed(ino: int, old: bytes, new: bytes) -> bool:
+    """listing_added(ino, new) for a rename within directory ino, which took old away:
+    C's listing no longer counts old among the names made since (names.c)."""
+    return _lib is not None and bool(_lib.fastpath_listing_rename(ino, old, len(old), new, len(new)))
 
 
 def names_answered() -> int:

@@ -26,7 +26,7 @@ from overlayckpt.core.answered import Answered
 from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
-from overlayckpt.core.overlay import Overlay, make_durable
+from overlayckpt.core.overlay import RENAME_EXCHANGE, Overlay, make_durable
 from overlayckpt.errors import FsError
 from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs, entry_record
@@ -362,7 +362,10 @@ class Operations(pyfuse3.Operations):
         self._no_control(parent_inode_new)
         self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
         self._changed_dirs(*{parent_inode_old, parent_inode_new})
-        self._named(parent_inode_new, name_new)
+        if parent_inode_old == parent_inode_new and not flags & RENAME_EXCHANGE and fastpath.loaded():
+            fastpath.listing_renamed(parent_inode_new, name_old, name_new)  # (name_old is gone)
+        else:
+            self._named(parent_inode_new, name_new)
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,

@@ -39,7 +39,10 @@
  * it, and nothing else touched the directory since (counted, per stamp slot), Python
  * adds the name (fastpath_listing_add) and the listing's names are whole again: C
  * answers the next name's lookup as absent. The names added are kept beside the
- * listing and go to Python; a directory Python makes starts with an empty listing.
+ * listing and go to Python; a rename within the directory takes its old name out of
+ * them (fastpath_listing_rename: the temporary name of the next save is answered
+ * absent, and a thousand saves under names never used again do not fill them). A
+ * directory Python makes starts with an empty listing.
  *
  * The same clock keeps inodes' attributes (by hash of inode, a fixed table): a restore
  * makes the kernel drop the attributes of every inode it changed, and a walk after it
@@ -441,22 +444,43 @@ static int added_insert(struct listing *l, uint32_t at, const char *name, size_t
     return 1;
 }
 
+/* With names_lock held: drop name from l's added names, if it is there. */
+static void added_remove(struct listing *l, const char *name, size_t len)
+{
+    int found;
+    uint32_t at = added_at(l, name, len, &found);
+
+    if (!found)
+        return;
+    listings_bytes -= (unsigned char)l->added[at][0] + 2u;
+    free(l->added[at]);
+    memmove(l->added + at, l->added + at + 1, (l->added_count - at - 1) * sizeof(char *));
+    l->added_count--;
+}
+
 /* Python: name (len bytes) was made in dir by the commit that followed the request
  * name_arriving noted, and that commit alone touched dir's slot since: add it to the
- * listing, whose names are whole again. 1 if taken (else the listing stays stale). */
-int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
+ * listing, whose names are whole again. gone (gone_len bytes; or NULL): the name that
+ * commit took away from dir, a rename's within it (an editor's temporary file, saved
+ * over its target): taken out of the names added, so that its next lookup is answered
+ * absent; one the listing was published with leaves it stale. 1 if taken (else the
+ * listing stays stale). */
+int fastpath_listing_rename(uint64_t dir, const char *gone, size_t gone_len, const char *name, size_t len)
 {
     struct listing *l;
     int ok, found;
     uint32_t at;
 
-    if (len == 0 || len > 255)
+    if (len == 0 || len > 255 || (gone != NULL && (gone_len == 0 || gone_len > 255)))
         return 0;
     pthread_mutex_lock(&names_lock);
     l = listing_of(dir);
     ok = l != NULL && l->pending != 0 && touches[slot_of(dir)] == l->pending + 1 &&
          l->names_stamp >= changed_all && l->added_count < ADDED_MOST &&
-         listings_bytes + len + 2 <= LISTINGS_MAX_BYTES;
+         listings_bytes + len + 2 <= LISTINGS_MAX_BYTES &&
+         (gone == NULL || find(l, gone, gone_len) == NULL);
+    if (ok && gone != NULL)
+        added_remove(l, gone, gone_len);
     if (ok) {
         at = added_at(l, name, len, &found);
         ok = found || added_insert(l, at, name, len);
@@ -467,6 +491,12 @@ int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
         l->pending = 0;
     pthread_mutex_unlock(&names_lock);
     return ok;
+}
+
+/* Python: name (len bytes) was made in dir (fastpath_listing_rename, nothing gone). */
+int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
+{
+    return fastpath_listing_rename(dir, NULL, 0, name, len);
 }
 
 /* Whether a name a listing lacks is one Python answers "no such name" for: not ".",
