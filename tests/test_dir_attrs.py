@@ -177,3 +177,21 @@ def test_creates_from_threads_leave_no_older_answer_behind(mounted: Mount) -> No
     last = attrs(d)
     assert last == python_answer(m, d)
     assert last[2] == 2 + 3 * 15  # nlink: the subdirectories
+
+
+def test_a_burst_of_mkdirs_and_creates_is_answered_as_python_answers_after_it(mounted: Mount) -> None:
+    """Directories and files are made before they are stored (core/answered.py), files
+    and directories in directories not stored yet too: each answer's directory
+    attributes count the mkdirs before it that are not stored yet (each adds a link to
+    its parent), and what the kernel got is what Python answers once they are stored."""
+    m = mounted
+    d = m.mnt / "made"
+    os.mkdir(d)
+    for i in range(12):  # one after the other, faster than the 2 ms a create may wait
+        os.mkdir(d / f"sub{i}")
+        (d / f"sub{i}" / "index.js").write_text("x")
+        os.mkdir(d / f"sub{i}" / "lib")
+    seen = [attrs(p) for p in [d] + [d / f"sub{i}" for i in range(12)]]
+    assert seen == [python_answer(m, p) for p in [d] + [d / f"sub{i}" for i in range(12)]]
+    assert seen[0][2] == 14 and all(s[2] == 3 for s in seen[1:])
+    assert sorted(os.listdir(d / "sub7")) == ["index.js", "lib"]

@@ -1,12 +1,13 @@
-"""Namespace changes answered before they are stored: unlinks, rmdirs and creates
-of files (Answered).
+"""Namespace changes answered before they are stored: unlinks, rmdirs, and creates
+of files and directories (Answered).
 
 A burst of them (`rm -rf`, an install, an unpacked archive) would pay one commit
 each. Instead each is checked against the live state (what was answered and is
 not stored yet included), logged, answered, and committed with the next write
 transaction (Store.defer), so that a burst shares its commits, as writes do.
 Only writes and these are ever deferred: a write changes nothing the checks here
-read, a removal its own name (`unlinking`), a create its own name (`creating`);
+read, a removal its own name (`unlinking`), a create its own name (`creating`; a
+directory made is empty but for the names being made in it, `made_dirs`);
 anything else that makes or reads a name, or reads an inode they change, stores
 them first. A create's inode number is the one its commit will take (the
 counter's next, and the creates answered before it each take one), pinned in its
@@ -21,14 +22,15 @@ its writes name), so the two logs are replayed one after the other, this first.
 
 A record: u32 length, then msgpack [number, parent, name, pid, comm, time_ns,
 the parent's path, is_rmdir] for a removal, or [..., the parent's path, inode,
-mode, uid, gid] for a create (a replay looks the path up first, so that the
-journal names the file as the daemon would have). Numbers only grow; meta
+mode, uid, gid] for a create of a file or directory (a replay looks the path up
+first, so that the journal names the file as the daemon would have). Numbers only grow; meta
 "removals" holds the last one stored (committed with it). Once everything in the
 file is stored and it holds more than TRIM_BYTES, it is emptied.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -76,6 +78,7 @@ class Answered:
         self.last = stored(self.store)  # the number of the last record appended
         self.unlinking: dict[tuple[int, bytes], bool] = {}  # removals not stored: is_rmdir
         self.creating: dict[tuple[int, bytes], int] = {}  # creates not stored: inode
+        self.made_dirs: dict[int, tuple[Node, str]] = {}  # of those, directories: node, path
         self._last_ino = 0  # the inode number the last create was answered with
 
     def _append(self, fields: list[object]) -> bytes:
@@ -123,16 +126,22 @@ class Answered:
 
     def create(self, caller: Caller, parent: int, name: bytes, mode: int, uid: int, gid: int,
                failed: Callable[[Exception], None]) -> tuple[int, Node, Node]:
-        """A regular file's create. Returns its inode and node, and the parent's node as
-        the create leaves it, for the reply; failed(e): it failed when stored."""
-        assert stat.S_ISREG(mode)
+        """A regular file's or a directory's create. Returns its inode and node, and the
+        parent's node as the create leaves it, for the reply; failed(e): it failed when
+        stored. The parent may be a directory made and not stored yet."""
+        is_dir = stat.S_ISDIR(mode)
+        assert is_dir or stat.S_ISREG(mode)
         self.ov.check_name(parent, name)
         key = (parent, name)
+        made_parent = self.made_dirs.get(parent)
 
         def check(r: ReadTxn) -> tuple[Node, int]:
-            pnode = self.ov.dir_node(r, parent)
+            counter = r.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO)
             if key in self.creating:
                 raise FsError(errno.EEXIST)
+            if made_parent is not None:  # (it has no names but those being made)
+                return dataclasses.replace(made_parent[0]), counter
+            pnode = self.ov.dir_node(r, parent)
             if key not in self.unlinking:  # (else its removal, stored first, frees the name)
                 try:
                     self.ov.lookup(r, parent, name)
@@ -141,34 +150,41 @@ class Answered:
                         raise
                 else:
                     raise FsError(errno.EEXIST)
-            return pnode, r.meta_int(NEXT_INO_KEY, FIRST_UPPER_INO)
+            return pnode, counter
         pnode, counter = self.store.peek(check)
         ino = max(counter, self._last_ino + 1)
         t = now_ns()
         made_mode, made_gid = self.ov.inherited(pnode, mode, gid)
         node = self.ov.new_node(made_mode, uid, made_gid, t)
-        logged = self._append([parent, name, caller.pid, caller.comm, t, os.fsencode(self.ov.path_of(parent)),
+        where = made_parent[1] if made_parent is not None else self.ov.path_of(parent)
+        logged = self._append([parent, name, caller.pid, caller.comm, t, os.fsencode(where),
                                ino, made_mode, uid, made_gid])
         self._last_ino = ino
         self.creating[key] = ino
+        if is_dir:
+            self.made_dirs[ino] = (node, os.path.join(where, os.fsdecode(name)))
         made = self.ov.made(parent, name, ino, node, logged)
 
         def stored_create(m: Mutation) -> tuple[int, Node]:
             self.creating.pop(key, None)  # (stored, or failed, now)
+            self.made_dirs.pop(ino, None)
             return made(m)
-        self.store.defer(self.ov.journaled(caller, "create", stored_create), failed, (ino, parent), 0,
-                         announced=True)
+        self.store.defer(self.ov.journaled(caller, "mkdir" if is_dir else "create", stored_create), failed,
+                         (ino, parent), 0, announced=True)
         return ino, node, self._parent_after(parent, pnode, t)
 
     def making(self, parent: int, name: bytes) -> bool:
-        """Whether a create of parent/name is answered and not stored yet."""
-        return (parent, name) in self.creating
+        """Whether parent/name may be a name answered and not stored yet: one being made,
+        or any in a directory being made."""
+        return (parent, name) in self.creating or parent in self.made_dirs
 
     def _parent_after(self, parent: int, pnode: Node, t: int) -> Node:
         """The parent's node as an operation answered at t leaves it, with the others
-        answered and not stored (the rmdirs each take one of its links)."""
+        answered and not stored (the rmdirs each take one of its links, the mkdirs add
+        one)."""
         pnode.mtime_ns = pnode.ctime_ns = t
         pnode.nlink -= sum(d for (p, _), d in self.unlinking.items() if p == parent)
+        pnode.nlink += sum(1 for (p, _), i in self.creating.items() if p == parent and i in self.made_dirs)
         return pnode
 
     def close(self) -> None:
@@ -199,7 +215,7 @@ def _record(fields: object) -> Record | None:
         return Record(number, parent, name, caller, t, os.fsdecode(where), rest[0], None) \
             if isinstance(rest[0], bool) else None
     ino, mode, uid, gid = rest
-    if all(_u64(v) for v in rest) and stat.S_ISREG(mode) and is_file_name(name):
+    if all(_u64(v) for v in rest) and (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and is_file_name(name):
         return Record(number, parent, name, caller, t, os.fsdecode(where), False, (ino, mode, uid, gid))
     return None
 
@@ -247,7 +263,8 @@ def recover(overlay: Overlay, store_dir: str) -> int:
             else:
                 ino, mode, uid, gid = rec.made
                 made = overlay.made(rec.parent, rec.name, ino, overlay.new_node(mode, uid, gid, rec.t), done)
-                overlay.store.write(overlay.journaled(rec.caller, "create", made))
+                op = "mkdir" if stat.S_ISDIR(mode) else "create"
+                overlay.store.write(overlay.journaled(rec.caller, op, made))
         except FsError as e:
             log.warning("an answered %s of %r in inode %d could not be stored again: %s",
                         "removal" if rec.made is None else "create", rec.name, rec.parent,

@@ -174,8 +174,8 @@ class Operations(pyfuse3.Operations):
         stamp, listed = (fastpath.names_clock(), self.ov.lower.listings_made) if publish else (0, 0)
         try:
             if self.answered is not None and self.answered.making(parent_inode, name):
-                self.ov.store.store_deferred()
-            # else what is deferred changes no name but removes some: the inode found then is
+                self.ov.store.store_deferred()  # (a name being made is in no state yet)
+            # else a name being removed is found, and its inode is deferred: stored first
             ino, node = self.ov.peek(fn)
             if self.ov.store.deferring(ino):
                 ino, node = self.ov.live(fn)
@@ -260,15 +260,23 @@ class Operations(pyfuse3.Operations):
                 rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         self._no_control(parent)
         caller = self._caller(ctx)
-        made = self.ov.create(caller, parent, name, mode, ctx.uid, ctx.gid, rdev, target)
-        self.writers.wrote(made[0], caller)
-        self._changed_dirs(parent)
+        pnode: Node | None
+        if (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and not rdev and self._answer_first():
+            assert self.answered is not None  # answered now, stored with what is around it (answered.py)
+            ino, node, pnode = self.answered.create(caller, parent, name, mode, ctx.uid, ctx.gid,
+                                                    functools.partial(self._answered_failed, parent, name))
+            self._answered(ino, parent, pnode)
+        else:
+            ino, node = self.ov.create(caller, parent, name, mode, ctx.uid, ctx.gid, rdev, target)
+            pnode = None  # (the commit wrote it: Overlay.written)
+            self._changed_dirs(parent)
+        self.writers.wrote(ino, caller)
         self._named(parent, name)
-        if stat.S_ISDIR(mode) and fastpath.loaded():
-            # its listing, with no names: from what the commit wrote, read nothing again
-            fastpath.publish_dir(fastpath.names_clock(), made[0], fastpath.entry_records([
-                (b".", self._attrs(*made)), (b"..", self._attrs(parent, self.ov.written(parent)))]))
-        return made
+        if stat.S_ISDIR(mode) and fastpath.loaded():  # its listing, with no names: read nothing
+            fastpath.publish_dir(fastpath.names_clock(), ino, fastpath.entry_records([
+                (b".", self._attrs(ino, node)),
+                (b"..", self._attrs(parent, pnode if pnode is not None else self.ov.written(parent)))]))
+        return ino, node
 
     def _named(self, parent: int, name: bytes) -> None:
         """name was made in parent: C's listing of parent, if whole, has it now (a create
@@ -302,18 +310,7 @@ class Operations(pyfuse3.Operations):
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: pyfuse3.RequestContext) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         await self.behind.keep_up()
-        mode = stat.S_IFREG | (mode & 0o7777)
-        if self._answer_first():  # answered now, stored with what is around it (answered.py)
-            assert self.answered is not None
-            self._no_control(parent_inode)
-            caller = self._caller(ctx)
-            ino, node, pnode = self.answered.create(caller, parent_inode, name, mode, ctx.uid, ctx.gid,
-                                                    functools.partial(self._answered_failed, parent_inode, name))
-            self.writers.wrote(ino, caller)
-            self._answered(ino, parent_inode, pnode)
-            self._named(parent_inode, name)
-        else:
-            ino, node = self._create(parent_inode, name, mode, ctx)
+        ino, node = self._create(parent_inode, name, stat.S_IFREG | (mode & 0o7777), ctx)
         return pyfuse3.FileInfo(fh=self._file_handle(ino, ctx), keep_cache=True), self._attrs(ino, node)
 
     @translate_errors

@@ -316,6 +316,36 @@ def test_names_made_and_not_stored_are_seen_by_every_change_of_names(
     assert names(ov, "gen/empty") == ["f"]
 
 
+def test_directories_made_and_not_stored_take_names_and_count_links(
+        logged: tuple[Session, Answered]) -> None:
+    """A package's directories and files made one after the other, each in a directory
+    not stored yet: one commit, the tree and journal as made one by one, each parent's
+    link count in its answer as stored."""
+    s, log = logged
+    ov = s.overlay
+    put(ov, ME, "gen/keep.js", b"k")
+    gen = ino(ov, "gen")
+    links = s.store.read(lambda r: ov.node(r, gen)).nlink
+    pkg, dnode, parent = log.create(ME, gen, b"pkg", stat.S_IFDIR | 0o755, 0, 0, _failed)
+    assert stat.S_ISDIR(dnode.mode) and dnode.nlink == 2 and parent.nlink == links + 1
+    lib, _, in_pkg = log.create(ME, pkg, b"lib", stat.S_IFDIR | 0o755, 0, 0, _failed)
+    assert in_pkg.nlink == 3
+    index = log.create(ME, pkg, b"index.js", REG, 0, 0, _failed)[0]
+    log.create(ME, lib, b"a.js", REG, 0, 0, _failed)
+    with pytest.raises(FsError) as e:  # a name being made, in a directory being made
+        log.create(ME, pkg, b"lib", stat.S_IFDIR | 0o755, 0, 0, _failed)
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(FsError) as e:  # not empty: its removal stores them first, and finds a.js
+        log.remove(ME, pkg, b"lib", True, _failed)
+    assert e.value.errno == errno.ENOTEMPTY and s.store.deferred() == 0
+    assert names(ov, "gen/pkg") == ["index.js", "lib"] and names(ov, "gen/pkg/lib") == ["a.js"]
+    assert ino(ov, "gen/pkg/index.js") == index and node(ov, "gen/pkg").nlink == 3
+    assert node(ov, "gen").nlink == links + 1
+    assert [(op, p) for op, _, p in _journal_ops(s)][-4:] == [
+        ("mkdir", ("gen/pkg",)), ("mkdir", ("gen/pkg/lib",)), ("create", ("gen/pkg/index.js",)),
+        ("create", ("gen/pkg/lib/a.js",))]
+
+
 def _create_and_die(store: str, repo: str) -> None:
     """A daemon's end: answer a removal and creates (one of the removed name), then die
     before anything stores them."""
@@ -325,7 +355,9 @@ def _create_and_die(store: str, repo: str) -> None:
     log.remove(ME, gen, b"a.js", False, _failed)
     for name in (b"n0.js", b"a.js", b"n2.js", b"n3.js"):
         log.create(ME, gen, name, REG | 0o4000, 1000, 1000, _failed)  # (setuid kept as asked)
-    assert s.store.deferred() == 5
+    sub = log.create(ME, gen, b"sub", stat.S_IFDIR | 0o750, 0, 0, _failed)[0]
+    log.create(ME, sub, b"in.js", REG, 0, 0, _failed)
+    assert s.store.deferred() == 7
     os._exit(0)  # as kill -9: no close, nothing stored
 
 
@@ -342,35 +374,37 @@ def test_creates_answered_by_a_daemon_that_died_are_stored_at_the_next_open(
     child.join()
     assert child.exitcode == 0
     s = open_session(repo, store=store)
-    assert names(s.overlay, "gen") == ["a.js", "n0.js", "n2.js", "n3.js"]
+    assert names(s.overlay, "gen") == ["a.js", "n0.js", "n2.js", "n3.js", "sub"]
+    assert names(s.overlay, "gen/sub") == ["in.js"] and node(s.overlay, "gen/sub").mode == stat.S_IFDIR | 0o750
     assert [ino(s.overlay, f"gen/{n}") for n in ("n0.js", "a.js", "n2.js", "n3.js")] == \
         list(range(first, first + 4))
     made = node(s.overlay, "gen/a.js")
     assert (made.mode, made.uid, made.gid, made.size) == (REG | 0o4000, 1000, 1000, 0)
     assert content(s.overlay, "gen/a.js") == b""
-    assert "stored 5 creates and removals that a stopped daemon had answered" in caplog.text
-    assert [(op, p) for op, _, p in _journal_ops(s)][-5:] == [("unlink", ("gen/a.js",))] + [
-        ("create", (f"gen/{n}",)) for n in ("n0.js", "a.js", "n2.js", "n3.js")]
+    assert "stored 7 creates and removals that a stopped daemon had answered" in caplog.text
+    assert [(op, p) for op, _, p in _journal_ops(s)][-7:] == [("unlink", ("gen/a.js",))] + [
+        ("create", (f"gen/{n}",)) for n in ("n0.js", "a.js", "n2.js", "n3.js")] + [
+        ("mkdir", ("gen/sub",)), ("create", ("gen/sub/in.js",))]
     # stored once: the open after that replays nothing
     caplog.clear()
     s = open_session(repo, store=store)
     assert "that a stopped daemon had answered" not in caplog.text and names(s.overlay, "gen")[0] == "a.js"
 
 
-@pytest.mark.parametrize("bad", ["a slash in the name", "a directory's mode", "a boolean inode"])
+@pytest.mark.parametrize("bad", ["a slash in the name", "a device's mode", "a boolean inode"])
 def test_a_hostile_create_record_ends_the_replay(
         open_session: Callable[..., Session], repo: Path, tmp_path: Path, bad: str) -> None:
     """The log is the store's own file, but a record that is not shaped like one of ours
     is damage: nothing from it on is replayed (no file outside its directory, no
-    directory made from a create)."""
+    device node made from a create)."""
     store = tmp_path / "st"
     s = open_session(repo, store=store)
     log = Answered(s.overlay)
     name, mode, number = b"ok.js", REG, 1 << 40
     if bad == "a slash in the name":
         name = b"../../escape"
-    elif bad == "a directory's mode":
-        mode = stat.S_IFDIR | 0o755
+    elif bad == "a device's mode":
+        mode = stat.S_IFCHR | 0o666
     log._append([ROOT_INO, name, ME.pid, ME.comm, 1, b"", True if bad == "a boolean inode" else number,
                  mode, 0, 0])
     log._append([ROOT_INO, b"after.js", ME.pid, ME.comm, 2, b"", number + 1, REG, 0, 0])
