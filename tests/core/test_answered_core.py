@@ -149,6 +149,18 @@ def test_the_last_name_of_a_file_goes_and_a_new_one_of_that_name_comes(
     assert [op for op, _, _ in _journal_ops(s)][-2:] == ["unlink", "create"]
 
 
+def _as_a_daemon_that_dies(end: Callable[..., None], store: Path, repo: Path, *args: object) -> None:
+    """end(store, repo, *args) in a forked process, which then exits as kill -9 would: no
+    close, nothing stored."""
+    def run() -> None:
+        end(str(store), str(repo), *args)
+        os._exit(0)
+    child = multiprocessing.get_context("fork").Process(target=run)
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+
+
 def _answer_and_die(store: str, repo: str, paths: list[str]) -> None:
     """A daemon's end: answer these removals, then die before anything stores them."""
     s = Session.open(store, repo)
@@ -158,7 +170,6 @@ def _answer_and_die(store: str, repo: str, paths: list[str]) -> None:
         name = path.rpartition("/")[2].encode()
         log.remove(ME, parent, name, path == "empty", _failed)
     assert s.store.deferred() == len(paths)
-    os._exit(0)  # as kill -9: no close, nothing stored
 
 
 def test_removals_answered_by_a_daemon_that_died_are_stored_at_the_next_open(
@@ -170,11 +181,7 @@ def test_removals_answered_by_a_daemon_that_died_are_stored_at_the_next_open(
         put(s.overlay, ME, f"gen/f{i}.js", b"x")
     s.close()
     paths = ["gen/f0.js", "gen/f3.js", "docs/guide.txt", "README.md", "empty"]
-    child = multiprocessing.get_context("fork").Process(
-        target=_answer_and_die, args=(str(store), str(repo), paths))
-    child.start()
-    child.join()
-    assert child.exitcode == 0
+    _as_a_daemon_that_dies(_answer_and_die, store, repo, paths)
     s = open_session(repo, store=store)
     assert names(s.overlay, "gen") == ["f1.js", "f2.js", "f4.js"]
     assert not exists(s.overlay, "docs/guide.txt") and not exists(s.overlay, "README.md")
@@ -358,7 +365,6 @@ def _create_and_die(store: str, repo: str) -> None:
     sub = log.create(ME, gen, b"sub", stat.S_IFDIR | 0o750, 0, 0, _failed)[0]
     log.create(ME, sub, b"in.js", REG, 0, 0, _failed)
     assert s.store.deferred() == 7
-    os._exit(0)  # as kill -9: no close, nothing stored
 
 
 def test_creates_answered_by_a_daemon_that_died_are_stored_at_the_next_open(
@@ -369,10 +375,7 @@ def test_creates_answered_by_a_daemon_that_died_are_stored_at_the_next_open(
     put(s.overlay, ME, "gen/a.js", b"a")
     first = s.overlay.create(ME, ROOT_INO, b"probe", REG, 0, 0)[0] + 1
     s.close()
-    child = multiprocessing.get_context("fork").Process(target=_create_and_die, args=(str(store), str(repo)))
-    child.start()
-    child.join()
-    assert child.exitcode == 0
+    _as_a_daemon_that_dies(_create_and_die, store, repo)
     s = open_session(repo, store=store)
     assert names(s.overlay, "gen") == ["a.js", "n0.js", "n2.js", "n3.js", "sub"]
     assert names(s.overlay, "gen/sub") == ["in.js"] and node(s.overlay, "gen/sub").mode == stat.S_IFDIR | 0o750
