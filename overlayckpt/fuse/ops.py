@@ -161,6 +161,8 @@ class Operations(pyfuse3.Operations):
                      ) -> pyfuse3.EntryAttributes:
         if parent_inode >= CONTROL_INO_BASE or (parent_inode == ROOT_INO and name == CONTROL_NAME):
             return await self.ctl.lookup(parent_inode, name)
+        if self.answered is not None and self.answered.making(parent_inode, name):
+            self.ov.store.store_deferred()  # (a name being made, or any in a directory being made)
         if name == b".":
             return self._attrs(parent_inode)
         if name == b"..":
@@ -173,9 +175,7 @@ class Operations(pyfuse3.Operations):
         publish = fastpath.loaded()  # (C answers what Python publishes: fuse/csrc/names.c)
         stamp, listed = (fastpath.names_clock(), self.ov.lower.listings_made) if publish else (0, 0)
         try:
-            if self.answered is not None and self.answered.making(parent_inode, name):
-                self.ov.store.store_deferred()  # (a name being made is in no state yet)
-            # else a name being removed is found, and its inode is deferred: stored first
+            # (a name being removed is found, and its inode is deferred: stored first)
             ino, node = self.ov.peek(fn)
             if self.ov.store.deferring(ino):
                 ino, node = self.ov.live(fn)
