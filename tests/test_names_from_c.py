@@ -316,9 +316,9 @@ def test_a_create_burst_has_its_next_names_answered_in_c(mounted: Mount) -> None
 def test_saves_over_a_file_have_their_next_temporary_name_answered_in_c(mounted: Mount) -> None:
     """An editor's saves, renamed over the file from a temporary name, the same one each
     time or one never used again: the lookup of each save's temporary name is answered
-    in C as absent (also beyond the 1,024 names a listing keeps as made since it was
-    published); afterwards the directory holds the file, with the last save's content,
-    and nothing else."""
+    in C as absent (saves under names never used again do not fill the names a listing
+    keeps as made since it was published); afterwards the directory holds the file,
+    with the last save's content, and nothing else."""
     m = mounted
     d = m.mnt / "saves"
     d.mkdir()

@@ -41,7 +41,9 @@
  * answers the next name's lookup as absent. The names added are kept beside the
  * listing and go to Python; a rename within the directory takes its old name out of
  * them (fastpath_listing_rename: the temporary name of the next save is answered
- * absent, and a thousand saves under names never used again do not fill them). A
+ * absent, and saves under names never used again do not fill them). Up to 65,536
+ * names are added to one listing (a flat directory of thousands of files made one
+ * after the other); beyond, its lookups go to Python until it is listed again. A
  * directory Python makes starts with an empty listing.
  *
  * The same clock keeps inodes' attributes (by hash of inode, a fixed table): a restore
@@ -56,14 +58,14 @@
 #define LISTINGS_MAX_BYTES (32u << 20)     /* beyond it they all go, and come back as read */
 #define TOUCH_BITS 16
 #define TOUCH_SLOTS (1u << TOUCH_BITS)
-#define ADDED_MOST 1024u                   /* names added to one listing since published */
+#define ADDED_MOST (1u << 16)              /* names added to one listing since published */
 
 struct listing {
     uint64_t dir;
     uint64_t stamp;    /* the clock when Python began to read it: its entries' attributes */
     uint64_t names_stamp;  /* the clock until which its names and added are all of dir's */
     uint64_t pending;  /* a new name's request arrived: dir's slot's touches then; or 0 */
-    uint32_t added_count;
+    uint32_t added_count, added_room;
     char **added;      /* names made in it since (sorted as memcmp sorts; Python answers them) */
     uint64_t number;   /* 30 bits, in the offsets C hands out */
     uint32_t count;    /* entries: ".", "..", then the names, sorted */
@@ -315,7 +317,7 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
     l->dir = dir;
     l->stamp = l->names_stamp = stamp;
     l->pending = 0;
-    l->added_count = 0;
+    l->added_count = l->added_room = 0;
     l->added = NULL;
     l->count = count;
     l->size = size;
@@ -425,14 +427,20 @@ static int is_added(const struct listing *l, const char *name, size_t len)
 /* With names_lock held: name (len bytes) into l's added names at at; 0 if out of memory. */
 static int added_insert(struct listing *l, uint32_t at, const char *name, size_t len)
 {
-    char **grown = realloc(l->added, (l->added_count + 1) * sizeof(char *));
     char *copy = malloc(len + 2);
 
-    if (grown != NULL)
-        l->added = grown;
-    if (grown == NULL || copy == NULL) {
-        free(copy);
+    if (copy == NULL)
         return 0;
+    if (l->added_count == l->added_room) {  /* (doubled: a burst of thousands in one directory) */
+        uint32_t room = l->added_room ? 2 * l->added_room : 16;
+        char **grown = realloc(l->added, room * sizeof(char *));
+
+        if (grown == NULL) {
+            free(copy);
+            return 0;
+        }
+        l->added = grown;
+        l->added_room = room;
     }
     copy[0] = (char)len;
     memcpy(copy + 1, name, len);
