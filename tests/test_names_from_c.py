@@ -338,6 +338,33 @@ def test_saves_over_a_file_have_their_next_temporary_name_answered_in_c(mounted:
         assert not os.path.lexists(d / tmp_name.format(5))
 
 
+def test_outputs_removed_and_made_again_have_their_lookups_answered_in_c(mounted: Mount) -> None:
+    """A build that deletes its outputs and makes them again: after each unlink the
+    listing C answers from stays whole, so the new names' lookups are answered in C as
+    absent; the names removed (published with the listing or made since) are absent,
+    the new ones there, whatever the kernel forgot."""
+    m = mounted
+    d = m.mnt / "out"
+    d.mkdir()
+    for i in range(10):
+        (d / f"old{i}.o").write_bytes(b"x")
+    os.listdir(d)  # (published with them)
+    for i in range(10, 20):
+        (d / f"old{i}.o").write_bytes(b"x")  # (made since)
+    for i in range(20):
+        os.unlink(d / f"old{i}.o")
+    before = counters(m)
+    for i in range(20):
+        os.close(os.open(d / f"new{i}.o", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    assert counters(m)[2] - before[2] >= 18, "C answered few of the new names' lookups"
+    for forget in (False, True):
+        if forget:
+            forget_names()
+        assert not any(os.path.lexists(d / f"old{i}.o") for i in range(20))
+        assert all(os.path.lexists(d / f"new{i}.o") for i in range(20))
+    assert sorted(os.listdir(d)) == sorted(f"new{i}.o" for i in range(20))
+
+
 def test_a_lookup_never_publishes_a_directory_too_big_to_keep(mount_factory: MountFactory,
                                                                 tmp_path: Path) -> None:
     """Lookups in a repo directory too big for Lower to keep listed (core/lower.py) publish

@@ -18,7 +18,7 @@ from overlayckpt.fuse import fastpath
 from overlayckpt.records import CONTROL_INO_BASE
 from test_fastpath_constants import load_library
 
-FUSE_CREATE, FUSE_UNLINK, FUSE_RENAME, FUSE_LINK = 35, 10, 12, 13
+FUSE_CREATE, FUSE_UNLINK, FUSE_RMDIR, FUSE_RENAME, FUSE_LINK = 35, 10, 11, 12, 13
 IN_HEADER = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
 CREATE_IN = struct.Struct("<IIII")  # flags, mode, umask, open_flags
 ATTRS = pyfuse3.EntryAttributes
@@ -163,14 +163,41 @@ def _slot(ino: int) -> int:
     return (ino * 0x9E3779B97F4A7C15 % (1 << 64)) >> 48
 
 
-def test_a_rename_away_of_a_published_name_leaves_the_listing_stale(lib: ctypes.CDLL) -> None:
-    """A name the listing was published with cannot be taken out of it: the rename is
-    refused, and so is the next name made."""
+def test_a_rename_away_of_a_published_name_keeps_the_listing_whole(lib: ctypes.CDLL) -> None:
+    """A name the listing was published with stays in it (its entry names an inode the
+    rename stamped: its lookup goes to Python), and the names made next are taken."""
     publish(lib, 510, [b"a", b"b"])
-    assert not rename(lib, 510, b"a", b"c", 510000)
+    assert rename(lib, 510, b"a", b"c", 510000)
     create(lib, 510, b"d")
     commit(lib, 510, 98000)
-    assert not add(lib, 510, b"d")
+    assert add(lib, 510, b"d")
+
+
+def removed(lib: ctypes.CDLL, d: int, name: bytes) -> bool:
+    return bool(lib.fastpath_listing_rename(d, name, len(name), None, 0))
+
+
+def test_removals_keep_the_listing_whole(lib: ctypes.CDLL) -> None:
+    """A build's outputs removed and made again: each unlink and rmdir Python reports
+    keeps the listing whole, and the next names made are taken; one it never reports
+    (a removal that failed) leaves it stale."""
+    publish(lib, 511, [b"a.o", b"b.o", b"sub"])
+    create(lib, 511, b"c.o")
+    commit(lib, 511, 99000)
+    assert add(lib, 511, b"c.o")
+    for opcode, name, ino in ((FUSE_UNLINK, b"a.o", 511000), (FUSE_UNLINK, b"c.o", 99000),
+                              (FUSE_RMDIR, b"sub", 511002)):
+        arrive(lib, opcode, 511, name + b"\0")
+        commit(lib, 511, ino)
+        assert removed(lib, 511, name), name
+    create(lib, 511, b"d.o")
+    commit(lib, 511, 99001)
+    assert add(lib, 511, b"d.o")
+    arrive(lib, FUSE_UNLINK, 511, b"b.o\0")
+    commit(lib, 511, 511001)
+    create(lib, 511, b"e.o")
+    commit(lib, 511, 99002)
+    assert not add(lib, 511, b"e.o")
 
 
 def test_a_name_made_without_its_arrival_is_refused(lib: ctypes.CDLL) -> None:

@@ -361,10 +361,12 @@ def listing_added(ino: int, name: bytes) -> bool:
     return _lib is not None and bool(_lib.fastpath_listing_add(ino, name, len(name)))
 
 
-def listing_renamed(ino: int, old: bytes, new: bytes) -> bool:
-    """listing_added(ino, new) for a rename within directory ino, which took old away:
-    C's listing no longer counts old among the names made since (names.c)."""
-    return _lib is not None and bool(_lib.fastpath_listing_rename(ino, old, len(old), new, len(new)))
+def listing_renamed(ino: int, old: bytes, new: bytes | None) -> bool:
+    """listing_added(ino, new) for a rename within directory ino, which took old away (new
+    None: an unlink or rmdir of old): C's listing no longer counts old among the names
+    made since, and stays whole (names.c)."""
+    return _lib is not None and bool(_lib.fastpath_listing_rename(
+        ino, old, len(old), new, 0 if new is None else len(new)))
 
 
 def names_answered() -> int:

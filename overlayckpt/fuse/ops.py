@@ -326,11 +326,12 @@ class Operations(pyfuse3.Operations):
         if not self._answer_first():
             self.ov.remove(self._caller(ctx), parent, name, is_rmdir)
             self._changed_dirs(parent)
-            return
-        assert self.answered is not None  # answered now, stored with what is around it (answered.py)
-        ino, pnode = self.answered.remove(self._caller(ctx), parent, name, is_rmdir,
-                                          functools.partial(self._answered_failed, parent, name))
-        self._answered(ino, parent, pnode)
+        else:  # answered now, stored with what is around it (answered.py)
+            assert self.answered is not None
+            ino, pnode = self.answered.remove(self._caller(ctx), parent, name, is_rmdir,
+                                              functools.partial(self._answered_failed, parent, name))
+            self._answered(ino, parent, pnode)
+        fastpath.listing_renamed(parent, name, None)  # (C's listing of parent, if whole, stays so)
 
     def _answer_first(self) -> bool:
         """Whether a create or removal may be answered before it is stored (answered.py)."""

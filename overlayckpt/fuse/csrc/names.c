@@ -39,9 +39,11 @@
  * it, and nothing else touched the directory since (counted, per stamp slot), Python
  * adds the name (fastpath_listing_add) and the listing's names are whole again: C
  * answers the next name's lookup as absent. The names added are kept beside the
- * listing and go to Python; a rename within the directory takes its old name out of
- * them (fastpath_listing_rename: the temporary name of the next save is answered
- * absent, and saves under names never used again do not fill them). Up to 65,536
+ * listing and go to Python; a rename within the directory, an unlink or an rmdir takes
+ * its old name out of them (fastpath_listing_rename: the temporary name of the next
+ * save is answered absent, and saves under names never used again do not fill them),
+ * and keeps the listing whole (a build that deletes its outputs and makes them again
+ * has its lookups answered in C). Up to 65,536
  * names are added to one listing (a flat directory of thousands of files made one
  * after the other); beyond, its lookups go to Python until it is listed again. A
  * directory Python makes starts with an empty listing.
@@ -168,8 +170,8 @@ static inline int names_whole(const struct listing *l)
     return l->names_stamp >= changed_all && unchanged(l->dir, l->names_stamp);
 }
 
-/* A request that makes a name in dir arrives (other: the inode a link names, the
- * directory a rename moves from, or 0):
+/* A request that makes or removes a name in dir arrives (other: the inode a link names,
+ * the directory a rename moves from, or 0):
  * stamp them, and note whether dir's listing was whole until now (fastpath_listing_add). */
 static void name_arriving(uint64_t dir, uint64_t other)
 {
@@ -227,8 +229,12 @@ void names_arriving(const char *mem, size_t len)
             return;
         }
         break;
-    /* the directory of a removed name, the file changed */
-    case FUSE_UNLINK: case FUSE_RMDIR: case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR:
+    /* the directory of a removed name (fastpath_listing_rename may take it out) */
+    case FUSE_UNLINK: case FUSE_RMDIR:
+        name_arriving(in->nodeid, 0);
+        return;
+    /* the file changed */
+    case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR:
     case FUSE_REMOVEXATTR: case FUSE_FALLOCATE:
         touch_two(in->nodeid, 0);
         return;
@@ -466,12 +472,13 @@ static void added_remove(struct listing *l, const char *name, size_t len)
     l->added_count--;
 }
 
-/* Python: name (len bytes) was made in dir by the commit that followed the request
- * name_arriving noted, and that commit alone touched dir's slot since: add it to the
- * listing, whose names are whole again. gone (gone_len bytes; or NULL): the name that
- * commit took away from dir, a rename's within it (an editor's temporary file, saved
- * over its target): taken out of the names added, so that its next lookup is answered
- * absent; one the listing was published with leaves it stale. 1 if taken (else the
+/* Python: the change that followed the request name_arriving noted is done, and it
+ * alone touched dir's slot since: name (len bytes; or NULL) was made in dir, and gone
+ * (gone_len bytes; or NULL) left it (a rename's within it, an unlink's, an rmdir's).
+ * name joins the names added; gone leaves them, so that its next lookup is answered
+ * absent (an editor's temporary name, saved over its target). A gone name the listing
+ * was published with stays in it: its entry names an inode the change stamped, so its
+ * lookup goes to Python. The listing's names are whole again. 1 if taken (else the
  * listing stays stale). */
 int fastpath_listing_rename(uint64_t dir, const char *gone, size_t gone_len, const char *name, size_t len)
 {
@@ -479,17 +486,17 @@ int fastpath_listing_rename(uint64_t dir, const char *gone, size_t gone_len, con
     int ok, found;
     uint32_t at;
 
-    if (len == 0 || len > 255 || (gone != NULL && (gone_len == 0 || gone_len > 255)))
+    if ((name != NULL && (len == 0 || len > 255)) || (gone != NULL && (gone_len == 0 || gone_len > 255)) ||
+        (name == NULL && gone == NULL))
         return 0;
     pthread_mutex_lock(&names_lock);
     l = listing_of(dir);
     ok = l != NULL && l->pending != 0 && touches[slot_of(dir)] == l->pending + 1 &&
          l->names_stamp >= changed_all && l->added_count < ADDED_MOST &&
-         listings_bytes + len + 2 <= LISTINGS_MAX_BYTES &&
-         (gone == NULL || find(l, gone, gone_len) == NULL);
+         listings_bytes + len + 2 <= LISTINGS_MAX_BYTES;
     if (ok && gone != NULL)
         added_remove(l, gone, gone_len);
-    if (ok) {
+    if (ok && name != NULL) {
         at = added_at(l, name, len, &found);
         ok = found || added_insert(l, at, name, len);
     }
