@@ -1,5 +1,5 @@
 """Which names made in a directory C takes into its published listing (fuse/csrc/names.c,
-fastpath_listing_add), driven through the library with no mount: a request's arrival
+fastpath_listing_change), driven through the library with no mount: a request's arrival
 (as the reader thread sees it), Python's commit stamps and its add, in the orders a race
 between a create and anything else that changes the directory would give. A listing
 whose names are no longer whole must never take a name: it would answer as absent a name
@@ -29,8 +29,7 @@ def lib() -> Iterator[ctypes.CDLL]:
     lib = load_library()
     lib.fastpath_configure(ctypes.c_uint64(CONTROL_INO_BASE))
     lib.fastpath_names_clock.restype = ctypes.c_uint64
-    lib.fastpath_listing_add.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
-    lib.fastpath_listing_rename.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
+    lib.fastpath_listing_change.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
                                             ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_publish_listing.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p,
                                              ctypes.c_size_t]
@@ -68,7 +67,7 @@ def commit(lib: ctypes.CDLL, *inodes: int) -> None:
 
 
 def add(lib: ctypes.CDLL, d: int, name: bytes) -> bool:
-    return bool(lib.fastpath_listing_add(d, name, len(name)))
+    return bool(lib.fastpath_listing_change(d, name, len(name), None, 0))
 
 
 def test_a_burst_is_taken_name_after_name(lib: ctypes.CDLL) -> None:
@@ -129,7 +128,7 @@ def rename(lib: ctypes.CDLL, d: int, old: bytes, new: bytes, moved: int) -> bool
     """A rename within d: its arrival, Python's commit, and what Python then tells C."""
     arrive(lib, FUSE_RENAME, d, struct.pack("<Q", d) + old + b"\0" + new + b"\0")
     commit(lib, d, moved)
-    return bool(lib.fastpath_listing_rename(d, old, len(old), new, len(new)))
+    return bool(lib.fastpath_listing_change(d, new, len(new), old, len(old)))
 
 
 def test_saves_under_names_never_used_again_keep_the_listing_whole(lib: ctypes.CDLL) -> None:
@@ -174,7 +173,7 @@ def test_a_rename_away_of_a_published_name_keeps_the_listing_whole(lib: ctypes.C
 
 
 def removed(lib: ctypes.CDLL, d: int, name: bytes) -> bool:
-    return bool(lib.fastpath_listing_rename(d, name, len(name), None, 0))
+    return bool(lib.fastpath_listing_change(d, None, 0, name, len(name)))
 
 
 def test_removals_keep_the_listing_whole(lib: ctypes.CDLL) -> None:

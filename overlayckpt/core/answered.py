@@ -42,7 +42,7 @@ from typing import NamedTuple
 import msgpack
 
 from overlayckpt.core.journal import Caller, now_ns
-from overlayckpt.core.overlay import Mutation, Overlay
+from overlayckpt.core.overlay import Mutation, Overlay, create_op
 from overlayckpt.errors import FsError
 from overlayckpt.names import is_file_name
 from overlayckpt.records import FIRST_UPPER_INO, Node, from_u64, u64
@@ -115,13 +115,8 @@ class Answered:
         logged = self._append([parent, name, caller.pid, caller.comm, t,
                                os.fsencode(self.ov.path_of(parent)), is_rmdir])
         self.unlinking[key] = is_rmdir
-        removal = self.ov.removal(parent, name, is_rmdir, logged, t)
-
-        def stored_removal(m: Mutation) -> int:
-            self.unlinking.pop(key, None)  # (stored, or failed, now)
-            return removal(m)
-        self.store.defer(self.ov.journaled(caller, "rmdir" if is_rmdir else "unlink", stored_removal),
-                         failed, (ino, parent), 0, announced=True)
+        self._defer(caller, "rmdir" if is_rmdir else "unlink", self.ov.removal(parent, name, is_rmdir, logged, t),
+                    lambda: self.unlinking.pop(key, None), failed, ino, parent)
         return ino, self._parent_after(parent, pnode, t)
 
     def create(self, caller: Caller, parent: int, name: bytes, mode: int, uid: int, gid: int,
@@ -142,14 +137,9 @@ class Answered:
             if made_parent is not None:  # (it has no names but those being made)
                 return dataclasses.replace(made_parent[0]), counter
             pnode = self.ov.dir_node(r, parent)
-            if key not in self.unlinking:  # (else its removal, stored first, frees the name)
-                try:
-                    self.ov.lookup(r, parent, name)
-                except FsError as e:
-                    if e.errno != errno.ENOENT:
-                        raise
-                else:
-                    raise FsError(errno.EEXIST)
+            # (a name being removed is free: its removal is stored first)
+            if key not in self.unlinking and self.ov.existing(r, parent, name) is not None:
+                raise FsError(errno.EEXIST)
             return pnode, counter
         pnode, counter = self.store.peek(check)
         ino = max(counter, self._last_ino + 1)
@@ -163,15 +153,22 @@ class Answered:
         self.creating[key] = ino
         if is_dir:
             self.made_dirs[ino] = (node, os.path.join(where, os.fsdecode(name)))
-        made = self.ov.made(parent, name, ino, node, logged)
 
-        def stored_create(m: Mutation) -> tuple[int, Node]:
-            self.creating.pop(key, None)  # (stored, or failed, now)
+        def stored() -> None:
+            self.creating.pop(key, None)
             self.made_dirs.pop(ino, None)
-            return made(m)
-        self.store.defer(self.ov.journaled(caller, "mkdir" if is_dir else "create", stored_create), failed,
-                         (ino, parent), 0, announced=True)
+        self._defer(caller, create_op(mode), self.ov.made(parent, name, ino, node, logged), stored, failed,
+                    ino, parent)
         return ino, node, self._parent_after(parent, pnode, t)
+
+    def _defer(self, caller: Caller, op: str, change: Callable[[Mutation], object], stored: Callable[[], object],
+               failed: Callable[[Exception], None], ino: int, parent: int) -> None:
+        """Have change (of ino in parent, journaled as op) committed with the next write
+        transaction, as announced (Store.defer); stored() as it is stored (or fails)."""
+        def txn(m: Mutation) -> object:
+            stored()
+            return change(m)
+        self.store.defer(self.ov.journaled(caller, op, txn), failed, (ino, parent), 0, announced=True)
 
     def making(self, parent: int, name: bytes) -> bool:
         """Whether parent/name may be a name answered and not stored yet: one being made,
@@ -262,9 +259,7 @@ def recover(overlay: Overlay, store_dir: str) -> int:
                 overlay.remove(rec.caller, rec.parent, rec.name, rec.is_rmdir, logged=done, t=rec.t)
             else:
                 ino, mode, uid, gid = rec.made
-                made = overlay.made(rec.parent, rec.name, ino, overlay.new_node(mode, uid, gid, rec.t), done)
-                op = "mkdir" if stat.S_ISDIR(mode) else "create"
-                overlay.store.write(overlay.journaled(rec.caller, op, made))
+                overlay.make(rec.caller, rec.parent, rec.name, ino, overlay.new_node(mode, uid, gid, rec.t), done)
         except FsError as e:
             log.warning("an answered %s of %r in inode %d could not be stored again: %s",
                         "removal" if rec.made is None else "create", rec.name, rec.parent,

@@ -57,6 +57,11 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 
+def create_op(mode: int) -> str:
+    """The journal's name of a create of an inode of this mode."""
+    return "mkdir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "create"
+
+
 class Mutation:
     """A write transaction that remembers the first previous value of every key."""
 
@@ -199,7 +204,8 @@ class Overlay(Tree):
             raise FsError(errno.ENOTDIR)
         return node
 
-    def _exists(self, m: Mutation, parent: int, name: bytes) -> int | None:
+    def existing(self, m: State, parent: int, name: bytes) -> int | None:
+        """The inode parent/name names, or None if it names none."""
         try:
             return self.lookup(m, parent, name)
         except FsError as e:
@@ -255,13 +261,16 @@ class Overlay(Tree):
                rdev: int = 0, target: bytes | None = None) -> tuple[int, Node]:
         """create, mknod, mkdir and symlink: a new inode at parent/name."""
         self.check_name(parent, name)
-        op = "mkdir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "create"
 
         def fn(m: Mutation) -> tuple[int, Node]:
             made_mode, made_gid = self.inherited(self.dir_node(m, parent), mode, gid)
             return self.made(parent, name, None, self.new_node(made_mode, uid, made_gid, now_ns(), rdev, target),
                              None)(m)
-        return self._mutate(caller, op, fn)
+        return self._mutate(caller, create_op(mode), fn)
+
+    def make(self, caller: Caller, parent: int, name: bytes, ino: int, node: Node, logged: bytes) -> None:
+        """Store a create answered before it was stored (a replay: core/answered.py)."""
+        self._mutate(caller, create_op(node.mode), self.made(parent, name, ino, node, logged))
 
     def made(self, parent: int, name: bytes, ino: int | None, node: Node, logged: bytes | None
              ) -> Callable[[Mutation], tuple[int, Node]]:
@@ -270,7 +279,7 @@ class Overlay(Tree):
         as logged)."""
         def fn(m: Mutation) -> tuple[int, Node]:
             self.dir_node(m, parent)
-            if self._exists(m, parent, name) is not None:
+            if self.existing(m, parent, name) is not None:
                 raise FsError(errno.EEXIST)
             number = m.w.next_counter(NEXT_INO_KEY, FIRST_UPPER_INO)
             if ino is not None:
@@ -292,7 +301,7 @@ class Overlay(Tree):
 
         def fn(m: Mutation) -> Node:
             self.dir_node(m, parent)
-            if self._exists(m, parent, name) is not None:
+            if self.existing(m, parent, name) is not None:
                 raise FsError(errno.EEXIST)
             node = self._own(m, ino)
             if node.is_dir:
@@ -350,7 +359,7 @@ class Overlay(Tree):
             pn1 = self.dir_node(m, p1)
             self.dir_node(m, p2)
             src = self.lookup(m, p1, n1)
-            dst = self._exists(m, p2, n2)
+            dst = self.existing(m, p2, n2)
             snode = self._own(m, src)
             old_path, new_path = self.child_path(p1, n1), self.child_path(p2, n2)
             if flags & RENAME_EXCHANGE:

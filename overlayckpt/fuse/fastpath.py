@@ -98,11 +98,9 @@ def preload() -> None:
     lib.fastpath_publish_attrs.restype = ctypes.c_size_t
     lib.fastpath_publish_listing.argtypes = [u64, u64, ctypes.c_char_p, ctypes.c_size_t]
     lib.fastpath_publish_listing.restype = ctypes.c_int
-    lib.fastpath_listing_add.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t]
-    lib.fastpath_listing_add.restype = ctypes.c_int
-    lib.fastpath_listing_rename.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+    lib.fastpath_listing_change.argtypes = [u64, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                             ctypes.c_size_t]
-    lib.fastpath_listing_rename.restype = ctypes.c_int
+    lib.fastpath_listing_change.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
@@ -353,20 +351,17 @@ def publish_dir(stamp: int, ino: int, records: list[tuple[bytes, bytes]]) -> int
     return int(_lib.fastpath_publish_listing(stamp, ino, buf, len(buf)))
 
 
-def listing_added(ino: int, name: bytes) -> bool:
-    """Python made name in directory ino (its commit is done, its reply not sent): C's
-    listing of ino has it from now on, if nothing else changed ino since the request
-    arrived (names.c: then C answers the next name's lookup, as a create burst asks it,
-    as absent). Whether C took it."""
-    return _lib is not None and bool(_lib.fastpath_listing_add(ino, name, len(name)))
-
-
-def listing_renamed(ino: int, old: bytes, new: bytes | None) -> bool:
-    """listing_added(ino, new) for a rename within directory ino, which took old away (new
-    None: an unlink or rmdir of old): C's listing no longer counts old among the names
-    made since, and stays whole (names.c)."""
-    return _lib is not None and bool(_lib.fastpath_listing_rename(
-        ino, old, len(old), new, 0 if new is None else len(new)))
+def listing_changed(ino: int, made: bytes | None, gone: bytes | None = None) -> bool:
+    """Python made name `made` in directory ino, or took `gone` away from it, or both (a
+    rename within it); its commit (or its answer: core/answered.py) is done and its reply
+    not sent. C's listing of ino has made from now on and counts gone no more among the
+    names made since, if nothing else changed ino since the request arrived (names.c:
+    then C answers the next name's lookup, as a create burst asks it, as absent).
+    Whether C took it."""
+    if _lib is None or (made is None and gone is None):
+        return False
+    return bool(_lib.fastpath_listing_change(ino, made, 0 if made is None else len(made),
+                                              gone, 0 if gone is None else len(gone)))
 
 
 def names_answered() -> int:

@@ -271,18 +271,12 @@ class Operations(pyfuse3.Operations):
             pnode = None  # (the commit wrote it: Overlay.written)
             self._changed_dirs(parent)
         self.writers.wrote(ino, caller)
-        self._named(parent, name)
+        fastpath.listing_changed(parent, name)
         if stat.S_ISDIR(mode) and fastpath.loaded():  # its listing, with no names: read nothing
             fastpath.publish_dir(fastpath.names_clock(), ino, fastpath.entry_records([
                 (b".", self._attrs(ino, node)),
                 (b"..", self._attrs(parent, pnode if pnode is not None else self.ov.written(parent)))]))
         return ino, node
-
-    def _named(self, parent: int, name: bytes) -> None:
-        """name was made in parent: C's listing of parent, if whole, has it now (a create
-        burst's next lookup, of a name not made yet, is answered in C: names.c)."""
-        if fastpath.loaded():
-            fastpath.listing_added(parent, name)
 
     def _changed_dirs(self, *inos: int) -> None:
         """Have C answer the GETATTRs of these directories, which this request changed:
@@ -331,7 +325,7 @@ class Operations(pyfuse3.Operations):
             ino, pnode = self.answered.remove(self._caller(ctx), parent, name, is_rmdir,
                                               functools.partial(self._answered_failed, parent, name))
             self._answered(ino, parent, pnode)
-        fastpath.listing_renamed(parent, name, None)  # (C's listing of parent, if whole, stays so)
+        fastpath.listing_changed(parent, None, name)  # (C's listing of parent, if whole, stays so)
 
     def _answer_first(self) -> bool:
         """Whether a create or removal may be answered before it is stored (answered.py)."""
@@ -360,10 +354,8 @@ class Operations(pyfuse3.Operations):
         self._no_control(parent_inode_new)
         self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
         self._changed_dirs(*{parent_inode_old, parent_inode_new})
-        if parent_inode_old == parent_inode_new and not flags & RENAME_EXCHANGE and fastpath.loaded():
-            fastpath.listing_renamed(parent_inode_new, name_old, name_new)  # (name_old is gone)
-        else:
-            self._named(parent_inode_new, name_new)
+        within = parent_inode_old == parent_inode_new and not flags & RENAME_EXCHANGE
+        fastpath.listing_changed(parent_inode_new, name_new, name_old if within else None)
 
     @translate_errors
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
@@ -372,7 +364,7 @@ class Operations(pyfuse3.Operations):
         self._no_control(new_parent_inode)
         node = self.ov.link(self._caller(ctx), inode, new_parent_inode, new_name)
         self._changed_dirs(new_parent_inode)
-        self._named(new_parent_inode, new_name)
+        fastpath.listing_changed(new_parent_inode, new_name)
         return self._attrs(inode, node)
 
     # -- files ----------------------------------------------------------------

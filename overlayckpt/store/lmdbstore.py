@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import NamedTuple, TypeVar, overload
 
 import lmdb
 import lmdb.verify
@@ -58,8 +58,15 @@ from overlayckpt.tables import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# a deferred write (Store.defer): fn, failed, tags, since
-Deferred = tuple[Callable[[WriteTxn], object], Callable[[Exception], None], tuple[int, ...], int, bool]
+
+
+class Deferred(NamedTuple):
+    """A deferred write (Store.defer: what each field is)."""
+    fn: Callable[[WriteTxn], object]
+    failed: Callable[[Exception], None]
+    tags: tuple[int, ...]
+    since: int
+    announced: bool
 
 
 INITIAL_MAP = 1 << 38  # address space only; the file grows as pages are used
@@ -273,14 +280,14 @@ class Store:
         reported to on_commit's reader as it was answered (core/answered.py), so that
         its commit reports nothing of it."""
         self._deferring_thread = threading.get_ident()
-        self._deferred.append((fn, failed, tags, since, announced))
+        self._deferred.append(Deferred(fn, failed, tags, since, announced))
         self._deferred_bytes += size
         if len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
             self.store_deferred()
 
     def deferring(self, tag: int) -> bool:
         """Whether a deferred write changes that inode."""
-        return any(tag in tags for _, _, tags, _, _ in self._deferred)
+        return any(tag in d.tags for d in self._deferred)
 
     def deferred(self) -> int:
         return len(self._deferred)
@@ -312,13 +319,13 @@ class Store:
         taken, self._deferred, self._deferred_bytes = self._deferred, [], 0
 
         def both(w: WriteTxn) -> T | None:
-            for deferred_fn, _, _, _, announced in taken:
-                if announced:  # (what it touches is not reported: the others' is kept aside)
+            for d in taken:
+                if d.announced:  # (what it touches is not reported: the others' is kept aside)
                     others, w.touched = w.touched, None
-                    deferred_fn(w)
+                    d.fn(w)
                     w.touched = others
                 else:
-                    deferred_fn(w)
+                    d.fn(w)
             return fn(w) if fn is not None else None
         try:
             result = self._commit(both)
@@ -331,15 +338,15 @@ class Store:
     def _commit_each(self, taken: list[Deferred]) -> None:
         for one in taken:
             try:
-                self._commit(one[0])
+                self._commit(one.fn)
             except Exception as e:  # the writer was answered: it is told later
-                one[1](e)
+                one.failed(e)
             else:
                 self._stored([one])
 
     def _stored(self, taken: list[Deferred]) -> None:
         if self.on_deferred_stored is not None:
-            self.on_deferred_stored([since for _, _, _, since, _ in taken])
+            self.on_deferred_stored([d.since for d in taken])
 
     def _grown(self) -> int:
         return self.env.info()["last_pgno"] - self._point_pages

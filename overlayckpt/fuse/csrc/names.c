@@ -37,10 +37,10 @@
  * name made, then renamed over the file). So a request that makes a name in a
  * directory whose listing is whole is noted as it arrives; when Python has committed
  * it, and nothing else touched the directory since (counted, per stamp slot), Python
- * adds the name (fastpath_listing_add) and the listing's names are whole again: C
+ * adds the name (fastpath_listing_change) and the listing's names are whole again: C
  * answers the next name's lookup as absent. The names added are kept beside the
  * listing and go to Python; a rename within the directory, an unlink or an rmdir takes
- * its old name out of them (fastpath_listing_rename: the temporary name of the next
+ * its old name out of them (fastpath_listing_change: the temporary name of the next
  * save is answered absent, and saves under names never used again do not fill them),
  * and keeps the listing whole (a build that deletes its outputs and makes them again
  * has its lookups answered in C). Up to 65,536
@@ -172,7 +172,7 @@ static inline int names_whole(const struct listing *l)
 
 /* A request that makes or removes a name in dir arrives (other: the inode a link names,
  * the directory a rename moves from, or 0):
- * stamp them, and note whether dir's listing was whole until now (fastpath_listing_add). */
+ * stamp them, and note whether dir's listing was whole until now (fastpath_listing_change). */
 static void name_arriving(uint64_t dir, uint64_t other)
 {
     struct listing *l;
@@ -229,7 +229,7 @@ void names_arriving(const char *mem, size_t len)
             return;
         }
         break;
-    /* the directory of a removed name (fastpath_listing_rename may take it out) */
+    /* the directory of a removed name (fastpath_listing_change may take it out) */
     case FUSE_UNLINK: case FUSE_RMDIR:
         name_arriving(in->nodeid, 0);
         return;
@@ -480,7 +480,7 @@ static void added_remove(struct listing *l, const char *name, size_t len)
  * was published with stays in it: its entry names an inode the change stamped, so its
  * lookup goes to Python. The listing's names are whole again. 1 if taken (else the
  * listing stays stale). */
-int fastpath_listing_rename(uint64_t dir, const char *gone, size_t gone_len, const char *name, size_t len)
+int fastpath_listing_change(uint64_t dir, const char *name, size_t len, const char *gone, size_t gone_len)
 {
     struct listing *l;
     int ok, found;
@@ -506,12 +506,6 @@ int fastpath_listing_rename(uint64_t dir, const char *gone, size_t gone_len, con
         l->pending = 0;
     pthread_mutex_unlock(&names_lock);
     return ok;
-}
-
-/* Python: name (len bytes) was made in dir (fastpath_listing_rename, nothing gone). */
-int fastpath_listing_add(uint64_t dir, const char *name, size_t len)
-{
-    return fastpath_listing_rename(dir, NULL, 0, name, len);
 }
 
 /* Whether a name a listing lacks is one Python answers "no such name" for: not ".",
