@@ -470,7 +470,20 @@ class Operations(pyfuse3.Operations):
         nothing in it changes (fuse/csrc/names.c), and its number there (0: not taken)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
-        stamp, listing = self._read_for_c(lambda r: self._list(r, ino))
+        def read(r: Any) -> Listing:
+            return self._list(r, ino)
+        store = self.ov.store
+        if store.deferred() and not store.deferring(ino):
+            # Changes deferred elsewhere stay so (an rm -rf lists each directory before it
+            # removes what is in it: the removals before the listing then share commits
+            # with those after it). Not those of its names: their attributes are in it;
+            # the kernel takes none from "." and "..", nor C (names.c).
+            stamp = fastpath.names_clock()
+            listing = self.ov.peek(read)
+            if store.deferring_any({attrs.st_ino for _, attrs in listing[2:]}):
+                stamp, listing = self._read_for_c(read)
+        else:
+            stamp, listing = self._read_for_c(read)
         number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
             if fastpath.loaded() else 0
         return listing, number

@@ -289,6 +289,10 @@ class Store:
         """Whether a deferred write changes that inode."""
         return any(tag in d.tags for d in self._deferred)
 
+    def deferring_any(self, tags: set[int]) -> bool:
+        """Whether a deferred write changes any of those inodes."""
+        return any(not tags.isdisjoint(d.tags) for d in self._deferred)
+
     def deferred(self) -> int:
         return len(self._deferred)
 

@@ -23,6 +23,7 @@ from overlayckpt.core import answered
 from overlayckpt.core.answered import Answered
 from overlayckpt.core.journal import next_seq, records
 from overlayckpt.errors import FsError
+from overlayckpt.fuse.ops import Operations
 from overlayckpt.records import ROOT_INO
 from overlayckpt.service.session import Session
 
@@ -415,3 +416,35 @@ def test_a_hostile_create_record_ends_the_replay(
     s = open_session(repo, store=store)
     assert not exists(s.overlay, "ok.js") and not exists(s.overlay, "after.js")
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_a_listing_stores_first_only_what_changes_what_it_shows(
+        logged: tuple[Session, Answered]) -> None:
+    """A directory's listing leaves deferred the changes elsewhere (an rm -rf lists each
+    directory between the removals of the one before), and stores first those of the
+    directory or of any name in it (their attributes are in the listing)."""
+    s, log = logged
+    ov = s.overlay
+    put(ov, ME, "a/x", b"x")
+    put(ov, ME, "a/y", b"y")
+    put(ov, ME, "b/z", b"z")
+    o = Operations(ov, None, answered=log)  # type: ignore[arg-type]  # (no control directory)
+    a, b, z = ino(ov, "a"), ino(ov, "b"), ino(ov, "b/z")  # (a read stores what waits)
+
+    def listed(d: int) -> dict[bytes, tuple[int, int, int]]:
+        return {n: (e.st_ino, e.st_size, e.st_nlink) for n, e in o._listing(d)[0][2:]}
+
+    log.remove(ME, a, b"x", False, _failed)
+    assert listed(b) == {b"z": (z, 1, 1)}
+    assert s.store.deferred() == 1  # (the removal in a waits)
+    assert set(listed(a)) == {b"y"}
+    assert s.store.deferred() == 0
+
+    ov.write_later(ME, z, 0, b"longer", b"\0" * 16, _failed)  # (a write its writer was told is done)
+    assert listed(b) == {b"z": (z, 6, 1)}
+    assert s.store.deferred() == 0
+
+    ov.link(ME, z, a, b"z2")
+    log.remove(ME, a, b"z2", False, _failed)  # a's name, b's inode: its link count
+    assert listed(b) == {b"z": (z, 6, 1)}
+    assert s.store.deferred() == 0

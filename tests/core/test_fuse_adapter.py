@@ -32,7 +32,8 @@ class FakeCore:
         self.parents: dict[int, tuple[int, bytes]] = {}
         # a store never ahead of its disk (no write waits: keep_up), with no deferred writes
         self.store = SimpleNamespace(writes_wait=True, too_far_ahead=lambda: False,
-                                     deferring=lambda ino: False, store_deferred=lambda: None)
+                                     deferring=lambda ino: False, store_deferred=lambda: None,
+                                     deferred=lambda: 0)
         self.calls: list[tuple[str, tuple]] = []
 
     def live(self, fn: Any) -> Any:
