@@ -195,3 +195,30 @@ def test_a_burst_of_mkdirs_and_creates_is_answered_as_python_answers_after_it(mo
     assert seen == [python_answer(m, p) for p in [d] + [d / f"sub{i}" for i in range(12)]]
     assert seen[0][2] == 14 and all(s[2] == 3 for s in seen[1:])
     assert sorted(os.listdir(d / "sub7")) == ["index.js", "lib"]
+
+
+def test_a_rename_drops_the_answers_of_what_it_changes_only(mounted: Mount) -> None:
+    """A rename drops C's answers of its two directories as it is taken, and of a directory
+    it moves or replaces as it is committed (the request names neither); the others stay:
+    an editor's saves into one directory after another find each directory's answer."""
+    m = mounted
+    a, b, keep = m.mnt / "a", m.mnt / "b", m.mnt / "keep"
+    for d in (a, b, keep, a / "sub", b / "empty"):
+        os.mkdir(d)
+    (a / "t.tmp").write_text("y")
+    answered = from_c(m)  # (a control command drops them all)
+    (keep / "f").write_text("x")  # (a change in a directory publishes its answer)
+    os.rename(a / "t.tmp", b / "t")
+    seen = synced(keep)  # (statx forcing a GETATTR)
+    assert from_c(m) == answered + 1, "the answer of a directory the rename did not change went"
+    assert seen == python_answer(m, keep)
+
+    (a / "sub" / "g").write_text("z")
+    os.rename(a / "sub", b / "sub")  # a directory moved
+    assert synced(b / "sub") == python_answer(m, b / "sub")
+    (b / "sub" / "h").write_text("z")
+    (b / "empty" / "h").write_text("z")
+    os.unlink(b / "empty" / "h")
+    os.rename(b / "sub", b / "empty")  # a directory replaced by another
+    assert synced(b / "empty") == python_answer(m, b / "empty")
+    assert [synced(d) for d in (a, b)] == [python_answer(m, d) for d in (a, b)]

@@ -338,6 +338,30 @@ def test_saves_over_a_file_have_their_next_temporary_name_answered_in_c(mounted:
         assert not os.path.lexists(d / tmp_name.format(5))
 
 
+def test_saves_into_directories_by_turns_are_answered_in_c(mounted: Mount) -> None:
+    """Saves over repo files in two directories nothing lists, by turns (the bench's
+    atomic save): once a save's changes are stored, a lookup publishes its directory's
+    listing; from then on the lookup of each save's temporary name is answered in C as
+    absent, and each directory's attributes, which the kernel asks before it makes a
+    name there, too."""
+    m = mounted
+    files = [m.mnt / "src" / "pkg" / "util.py", m.mnt / "docs" / "guide.txt"]
+    before, dirs_before = counters(m), m.ctl_ok({"cmd": "status"})["dir_attrs_from_c"]
+    for i in range(40):
+        path = files[i % 2]
+        tmp = path.with_name("." + path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, b"v%d" % i)
+        os.close(fd)
+        os.rename(tmp, path)
+    s = m.ctl_ok({"cmd": "status"})
+    assert s["absent_from_c"] - before[2] >= 40 - 6, "C answered few lookups of the temporary names"
+    assert s["dir_attrs_from_c"] - dirs_before >= 40 - 6, "C answered few GETATTRs of the directories"
+    forget_names()
+    assert [p.read_bytes() for p in files] == [b"v38", b"v39"]
+    assert sorted(os.listdir(files[0].parent)) == ["__init__.py", "util.py"]
+
+
 def test_outputs_removed_and_made_again_have_their_lookups_answered_in_c(mounted: Mount) -> None:
     """A build that deletes its outputs and makes them again: after each unlink the
     listing C answers from stays whole, so the new names' lookups are answered in C as

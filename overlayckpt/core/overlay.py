@@ -165,6 +165,12 @@ class Overlay(Tree):
         raw = self.last_written.get(u64(ino))
         return None if raw is None else Node.unpack(raw)
 
+    def wrote_a_directory(self, besides: set[int]) -> bool:
+        """Whether the operation that returned last wrote or deleted the node of an inode
+        not in besides that is (or may have been) a directory."""
+        return any(raw is None or Node.unpack(raw).is_dir
+                   for key, raw in self.last_written.items() if from_u64(key) not in besides)
+
     def live(self, fn: Callable[[ReadTxn], T]) -> T:
         """Read the live state (through a read transaction)."""
         return self.store.read(fn)

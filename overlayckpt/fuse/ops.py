@@ -48,6 +48,8 @@ LISTING_MARK = 1 << 62  # in a listing's offsets: C's numbering (fuse/csrc/names
 # its snapshot's number (bits 32-61) and the index (low 32 bits), so a listing read
 # in chunks never mixes snapshots, whatever else opens the directory meanwhile.
 SNAPSHOTS_KEPT = 256
+# directories waiting to be published to C at a lookup in them (a bound, not a cache)
+UNPUBLISHED_MOST = 4096
 Listing = list[tuple[bytes, pyfuse3.EntryAttributes]]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -114,6 +116,7 @@ class Operations(pyfuse3.Operations):
         self.invalidate = invalidate
         self.forgotten = forgotten if forgotten is not None else Forgotten()
         self._next_fh = 1
+        self._unpublished: set[int] = set()  # directories to publish to C at a lookup (_publish_names)
 
     # -- helpers --------------------------------------------------------------
 
@@ -185,20 +188,31 @@ class Operations(pyfuse3.Operations):
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
             neg.entry_timeout = CACHE_TIMEOUT
-            return neg
-        if publish and self.ov.lower.listings_made != listed:
-            self._publish_names(stamp, parent_inode)
-        return self._attrs(ino, node)
+            ino, node = 0, None
+        if publish and (self.ov.lower.listings_made != listed or parent_inode in self._unpublished):
+            self._publish_names(parent_inode)
+        return neg if node is None else self._attrs(ino, node)
 
-    def _publish_names(self, stamp: int, parent: int) -> None:
+    def _publish_names(self, parent: int) -> None:
         """Have C answer the lookups of every name in parent and its listing
         (fuse/csrc/names.c) while nothing in it changes: a lookup that had the repo's
         directory listed is a walk's (the second name looked up in it: core/lower.py),
         whose next lookups are its siblings. (A directory too big for Lower to keep is not
-        counted as listed: publishing it would stall this lookup.) stamp: the names clock
-        before the lookup read anything."""
-        if not self.ov.store.deferred():  # (their inodes' attributes are not stored yet)
-            fastpath.publish_dir(stamp, parent, self.ov.peek(lambda r: self._records(r, parent)))
+        counted as listed: publishing it would stall this lookup.) While a change of it
+        waits to be stored, at a later lookup in it: an editor's save looks up its
+        temporary name, then its target, once the temporary file is made. (Not read at
+        all while anything waits: a directory a build writes into would be read whole
+        at each of its lookups.)"""
+        read = None if self.ov.store.deferred() else self._entries_for_c(parent)
+        if read is None:
+            if len(self._unpublished) < UNPUBLISHED_MOST:
+                self._unpublished.add(parent)
+            return
+        self._unpublished.discard(parent)
+        stamp, entries = read
+        bs = self.ov.bs
+        fastpath.publish_dir(stamp, parent, [(name, entry_record(child, node, bs))
+                                             for name, child, node in entries])
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -353,7 +367,10 @@ class Operations(pyfuse3.Operations):
         self._no_control(parent_inode_old)
         self._no_control(parent_inode_new)
         self.ov.rename(self._caller(ctx), parent_inode_old, name_old, parent_inode_new, name_new, flags)
-        self._changed_dirs(*{parent_inode_old, parent_inode_new})
+        parents = {parent_inode_old, parent_inode_new}
+        if self.ov.wrote_a_directory(parents):  # (C dropped the parents' as it took the request)
+            fastpath.drop_dir_attrs()
+        self._changed_dirs(*parents)
         within = parent_inode_old == parent_inode_new and not flags & RENAME_EXCHANGE
         fastpath.listing_changed(parent_inode_new, name_new, name_old if within else None)
 
@@ -455,35 +472,36 @@ class Operations(pyfuse3.Operations):
             out.append((name, child, cnode or self.ov.node(r, child)))
         return out
 
-    def _list(self, r: Any, ino: int) -> Listing:
-        """Directory ino's listing in state r, as readdir replies it."""
-        bs = self.ov.bs
-        return [(name, entry_attrs(child, node, bs)) for name, child, node in self._entries(r, ino)]
-
-    def _records(self, r: Any, ino: int) -> list[tuple[bytes, bytes]]:
-        """Directory ino's listing in state r, as C publishes it (fastpath.publish_dir)."""
-        bs = self.ov.bs
-        return [(name, entry_record(child, node, bs)) for name, child, node in self._entries(r, ino)]
+    def _entries_for_c(self, ino: int) -> tuple[int, list[tuple[bytes, int, Node]]] | None:
+        """Directory ino's entries and the names clock read before them (what C may
+        answer from while nothing they show changes since: fuse/csrc/names.c); None while
+        a change of it or of any of its names waits to be stored (their attributes are
+        in them). Changes deferred elsewhere stay so: an rm -rf lists each directory
+        before it removes what is in it, and the removals before the listing then share
+        commits with those after it. (The kernel and C take no attributes from "." and
+        "..".)"""
+        store = self.ov.store
+        if store.deferring(ino):
+            return None
+        stamp = fastpath.names_clock()
+        entries = self.ov.peek(lambda r: self._entries(r, ino))
+        if store.deferred() and store.deferring_any({child for _, child, _ in entries[2:]}):
+            return None
+        return stamp, entries
 
     def _listing(self, ino: int) -> tuple[Listing, int]:
         """ino's listing now, which C answers the next READDIRPLUS and lookups from while
         nothing in it changes (fuse/csrc/names.c), and its number there (0: not taken)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
-        def read(r: Any) -> Listing:
-            return self._list(r, ino)
-        store = self.ov.store
-        if store.deferred() and not store.deferring(ino):
-            # Changes deferred elsewhere stay so (an rm -rf lists each directory before it
-            # removes what is in it: the removals before the listing then share commits
-            # with those after it). Not those of its names: their attributes are in it;
-            # the kernel takes none from "." and "..", nor C (names.c).
-            stamp = fastpath.names_clock()
-            listing = self.ov.peek(read)
-            if store.deferring_any({attrs.st_ino for _, attrs in listing[2:]}):
-                stamp, listing = self._read_for_c(read)
-        else:
-            stamp, listing = self._read_for_c(read)
+        read = self._entries_for_c(ino)
+        if read is None:
+            self.ov.store.store_deferred()
+            read = self._entries_for_c(ino)
+            assert read is not None
+        stamp, entries = read
+        bs = self.ov.bs
+        listing = [(name, entry_attrs(child, node, bs)) for name, child, node in entries]
         number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
             if fastpath.loaded() else 0
         return listing, number

@@ -11,9 +11,11 @@
  * What keeps them exact: a directory is in the table only if it was published
  * after the last request that may change it was taken. pyfuse3's thread drops, as
  * it takes each request (queue_take), the directory a create, unlink, setattr...
- * names, and all of them for a rename, an rmdir, a control command or any request
- * not known to change nothing (dir_attrs_taking); Python drops them all where the
- * daemon changes the tree on its own (a restore's kernel invalidations).
+ * names, the two a rename names (and Python all of them as it commits a rename that
+ * moves or replaces a directory), and all of them for a RENAME_EXCHANGE, an rmdir, a
+ * control command or any request not known to change nothing (dir_attrs_taking);
+ * Python drops them all where the daemon changes the tree on its own (a restore's
+ * kernel invalidations).
  * The reader answers under the table's lock, so an answer from the table is on
  * its way to the kernel before a drop returns, before the change that follows.
  */
@@ -109,7 +111,24 @@ void dir_attrs_taking(const char *mem, size_t len)
     case FUSE_FALLOCATE:
         drop_one(in->nodeid);
         return;
-    default:  /* rename (it may move a directory of the table), rmdir (it removes one), ... */
+    /* the two directories; a directory it moves or replaces, Python drops as it commits
+       (ops.py's rename): the request names neither */
+    case FUSE_RENAME: case FUSE_RENAME2:
+        if (len >= sizeof(*in) + (in->opcode == FUSE_RENAME ? sizeof(struct fuse_rename_in)
+                                                            : sizeof(struct fuse_rename2_in))) {
+            const char *arg = mem + sizeof(*in);
+            uint64_t newdir;
+
+            if (in->opcode == FUSE_RENAME2 &&
+                ((const struct fuse_rename2_in *)arg)->flags & RENAME_EXCHANGE)
+                break;  /* both names may be directories */
+            memcpy(&newdir, arg + offsetof(struct fuse_rename_in, newdir), sizeof(newdir));
+            drop_one(in->nodeid);
+            drop_one(newdir);
+            return;
+        }
+        break;
+    default:  /* rmdir (it removes one), ... */
         break;
     }
     fastpath_drop_dir_attrs();

@@ -56,6 +56,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <linux/openat2.h>
+#include <linux/fs.h>  /* RENAME_EXCHANGE */
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
