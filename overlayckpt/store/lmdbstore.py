@@ -287,7 +287,7 @@ class Store:
 
     def deferring(self, tag: int) -> bool:
         """Whether a deferred write changes that inode."""
-        return any(tag in d.tags for d in self._deferred)
+        return self.deferring_any({tag})
 
     def deferring_any(self, tags: set[int]) -> bool:
         """Whether a deferred write changes any of those inodes."""
