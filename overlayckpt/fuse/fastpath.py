@@ -16,7 +16,6 @@ import logging
 import os
 import struct
 import sys
-import time
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from overlayckpt.core.latency import BUCKETS, Histogram, RequestLatency
@@ -29,8 +28,6 @@ log = logging.getLogger(__name__)
 
 # How long pyfuse3's loop watches for the next request in C before it waits in trio.
 SPIN_NS = 30_000
-# the watch while a client's requests keep coming within it (speed_up_loop)
-TALK_SPIN_NS = 300_000
 YIELD_EVERY = 64
 # Write-behind (see fuse/csrc/behind.c): how many bytes of acknowledged writes may wait for
 # Python, and the free space on the store's file system below which none may: far
@@ -144,23 +141,16 @@ def speed_up_loop(pyfuse3: Any) -> None:  # (the module: a private function of i
     # after a watch that found nothing, every task (pyfuse3 runs several) waits in
     # trio until a request comes that way, so that no other one holds trio up again
     idle = False
-    # the last wait in trio ended within TALK_SPIN_NS: the client is in a conversation
-    # whose requests come further apart than SPIN_NS (an editor's save: a create after
-    # the lookups and getattrs C answers), and a wake-up from trio costs each ~60 us
-    talk = False
 
     async def wait_fuse_readable() -> bool:
-        nonlocal streak, idle, talk
+        nonlocal streak, idle
         if not idle and streak < YIELD_EVERY:
-            if wait_queued(TALK_SPIN_NS if talk else SPIN_NS):
+            if wait_queued(SPIN_NS):
                 streak += 1
                 return True
             idle = True
-            talk = False
         streak = 0
-        start = time.monotonic_ns()
         readable = await trio_wait()
-        talk = time.monotonic_ns() - start < TALK_SPIN_NS
         idle = False
         return readable
 
