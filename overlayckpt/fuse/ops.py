@@ -185,13 +185,15 @@ class Operations(pyfuse3.Operations):
         except FsError as e:
             if e.errno != errno.ENOENT:
                 raise
-            neg = pyfuse3.EntryAttributes()
-            neg.st_ino = 0
-            neg.entry_timeout = CACHE_TIMEOUT
             ino, node = 0, None
         if publish and (self.ov.lower.listings_made != listed or parent_inode in self._unpublished):
             self._publish_names(parent_inode)
-        return neg if node is None else self._attrs(ino, node)
+        if node is None:
+            neg = pyfuse3.EntryAttributes()
+            neg.st_ino = 0
+            neg.entry_timeout = CACHE_TIMEOUT
+            return neg
+        return self._attrs(ino, node)
 
     def _publish_names(self, parent: int) -> None:
         """Have C answer the lookups of every name in parent and its listing
@@ -203,13 +205,12 @@ class Operations(pyfuse3.Operations):
         temporary name, then its target, once the temporary file is made. (Not read at
         all while anything waits: a directory a build writes into would be read whole
         at each of its lookups.)"""
-        read = None if self.ov.store.deferred() else self._entries_for_c(parent)
-        if read is None:
+        if self.ov.store.deferred():
             if len(self._unpublished) < UNPUBLISHED_MOST:
                 self._unpublished.add(parent)
             return
         self._unpublished.discard(parent)
-        stamp, entries = read
+        stamp, entries = self._read_for_c(lambda r: self._entries(r, parent))
         bs = self.ov.bs
         fastpath.publish_dir(stamp, parent, [(name, entry_record(child, node, bs))
                                              for name, child, node in entries])
@@ -473,10 +474,10 @@ class Operations(pyfuse3.Operations):
         return out
 
     def _entries_for_c(self, ino: int) -> tuple[int, list[tuple[bytes, int, Node]]] | None:
-        """Directory ino's entries and the names clock read before them (what C may
-        answer from while nothing they show changes since: fuse/csrc/names.c); None while
-        a change of it or of any of its names waits to be stored (their attributes are
-        in them). Changes deferred elsewhere stay so: an rm -rf lists each directory
+        """Directory ino's entries and the names clock read before them, as _read_for_c
+        reads them but leaving deferred what they do not show; None while a change of it
+        or of any of its names waits to be stored (their attributes are in them).
+        Changes deferred elsewhere stay so: an rm -rf lists each directory
         before it removes what is in it, and the removals before the listing then share
         commits with those after it. (The kernel and C take no attributes from "." and
         "..".)"""
@@ -494,12 +495,7 @@ class Operations(pyfuse3.Operations):
         nothing in it changes (fuse/csrc/names.c), and its number there (0: not taken)."""
         if ino >= CONTROL_INO_BASE:
             raise AssertionError("control listings go through ControlFs")
-        read = self._entries_for_c(ino)
-        if read is None:
-            self.ov.store.store_deferred()
-            read = self._entries_for_c(ino)
-            assert read is not None
-        stamp, entries = read
+        stamp, entries = self._entries_for_c(ino) or self._read_for_c(lambda r: self._entries(r, ino))
         bs = self.ov.bs
         listing = [(name, entry_attrs(child, node, bs)) for name, child, node in entries]
         number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
