@@ -478,6 +478,7 @@ class KernelStatus(TypedDict):
     names_from_c: NotRequired[int]
     absent_from_c: NotRequired[int]  # (of names_from_c: answered as no such name)
     listings_from_c: NotRequired[int]
+    repo_dirs_listed_in_c: NotRequired[int]  # (repo directories C listed itself: lowerdirs.c)
     attrs_from_c: NotRequired[int]
     kernel_invalidation: NotRequired[str]  # "epoch" or "entries"
 

@@ -128,6 +128,7 @@ class Kernel:
                 "names_from_c": fastpath.names_answered(),
                 "absent_from_c": fastpath.absent_answered(),
                 "listings_from_c": fastpath.listings_answered(),
+                "repo_dirs_listed_in_c": fastpath.lower_listed(),
                 "attrs_from_c": fastpath.attrs_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 

@@ -47,6 +47,18 @@ def openat2_beneath(dirfd: int, path: bytes, flags: int) -> int:
     return fd
 
 
+def open_noatime(dirfd: int, path: bytes, flags: int) -> int:
+    """openat2_beneath, reading without moving the entry's atime where we may: what the
+    mount shows of a repo entry nothing changed is its lstat (fuse/csrc/lowerdirs.c
+    lists it afresh), so reading it through the overlay must leave it as it is."""
+    try:
+        return openat2_beneath(dirfd, path, flags | os.O_NOATIME)
+    except FsError as e:
+        if e.errno != errno.EPERM:  # (not the owner's: its atime moves, as natively)
+            raise
+    return openat2_beneath(dirfd, path, flags)
+
+
 def lstat_beneath(dirfd: int, path: bytes) -> os.stat_result | None:
     """lstat of the entry at path below dirfd, never leaving it; None if there is none."""
     parent, _, name = path.rpartition(b"/")
@@ -202,7 +214,7 @@ class Lower:
         if ppin is not None and ppin.entries is not None and name not in ppin.entries:
             raise FsError(errno.ENOENT)  # added to the repo by an apply, not original
         if siblings and ppin is None and parent not in self._listings and parent not in self._huge \
-                and (self._small(parent) or not self._first_in(parent)):
+                and (self.is_small(parent) or not self._first_in(parent)):
             # the second name looked up in a directory, or the first in a small one: list
             # it, which stats all its entries in one pass. A tree walk (git status) looks
             # up the siblings next, and on a cold cache one pass reads the inodes in
@@ -230,7 +242,7 @@ class Lower:
         if self.warm is not None and self.warm(self.fd):
             self.warm = None
 
-    def _small(self, path: bytes) -> bool:
+    def is_small(self, path: bytes) -> bool:
         """Whether directory path is known to fit one block of the repo's filesystem
         (ext4's size of a directory of up to some hundred names; a few names' worth on
         tmpfs, btrfs or xfs): listing it costs about what a stat does."""
@@ -292,7 +304,7 @@ class Lower:
                     pass
             return out
         self._start_warm()
-        fd = openat2_beneath(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = open_noatime(self.fd, path, os.O_RDONLY | os.O_DIRECTORY)
         pins, prefix, fsencode = self.pins, path + b"/" if path else b"", os.fsencode
         try:
             out = []
@@ -316,7 +328,7 @@ class Lower:
         pin = self._pin(path)
         if pin is not None and pin.read is not None:
             return LowerFile(-1, pin.read)
-        return LowerFile(openat2_beneath(self.fd, path, os.O_RDONLY), None)
+        return LowerFile(open_noatime(self.fd, path, os.O_RDONLY), None)
 
     def readlink(self, path: bytes) -> bytes:
         pin = self._pin(path)

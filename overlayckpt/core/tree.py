@@ -14,7 +14,7 @@ import os
 import stat
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, overload
 
 from overlayckpt.core.lower import Lower, LowerFile, Stat, join, split
@@ -23,6 +23,7 @@ from overlayckpt.records import (
     CONTROL_NAME,
     F_OPAQUE,
     F_XATTRS_OWN,
+    FIRST_UPPER_KEY,
     NAME_MAX,
     ROOT_INO,
     WHITEOUT,
@@ -34,13 +35,30 @@ from overlayckpt.records import (
     u64,
     xattr_key,
 )
-from overlayckpt.tables import BMAP, DIRENTS, NODES, XATTRS
+from overlayckpt.tables import BMAP, DIRENTS, LIVE_TABLES, NODES, XATTRS
 
 
 class State(Protocol):
     def get(self, table: bytes, key: bytes) -> bytes | None: ...
     def prefix(self, table: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
     def block(self, digest: bytes) -> bytes: ...
+
+
+class Seekable(Protocol):
+    def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None: ...
+
+
+def repo_inodes_changed(r: Seekable) -> list[int]:
+    """The repo's inodes the live state has records of, in any live table (each key
+    begins with its inode): what shows of them is not what the repo has."""
+    out: set[int] = set()
+    for table in LIVE_TABLES:
+        key = u64(1)
+        while (found := r.seek(table, key)) is not None and found[0] < FIRST_UPPER_KEY:
+            ino = from_u64(found[0][:8])
+            out.add(ino)
+            key = u64(ino + 1)
+    return sorted(out)
 
 
 def node_from_stat(st: Stat, origin: bytes) -> Node:
@@ -61,25 +79,54 @@ class LowerPaths:
     28 MB at 200,000 files. `Parents` reads the same map (an entry the overlay did not move
     is named in the overlay as in the lower)."""
 
-    __slots__ = ("at", "whole", "dir_inos")
+    __slots__ = ("at", "whole", "dir_inos", "from_c", "all_from_c")
 
     def __init__(self) -> None:
         self.at: dict[int, bytes] = {}  # ino -> u64(lower directory ino) + name
         # ino -> path: every directory, and an entry whose directory has no number
         self.whole: dict[int, bytes] = {ROOT_INO: b""}
         self.dir_inos: dict[bytes, int] = {b"": ROOT_INO}  # directory path -> ino
+        # where an entry that only the FUSE adapter's C listed is (fuse/csrc/lowerdirs.c):
+        # (directory ino, name, whether a directory), and all of them
+        self.from_c: Callable[[int], tuple[int, bytes, bool] | None] | None = None
+        self.all_from_c: Callable[[], list[tuple[int, int, bytes, bool]]] | None = None
 
     def get(self, ino: int) -> bytes | None:
         raw = self.at.get(ino)
         if raw is None:
-            return self.whole.get(ino)
+            found = self.whole.get(ino)
+            if found is None and self.from_c is not None and self.learn_from_c(ino):
+                return self.get(ino)
+            return found
         base = self.whole[_dir_ino(raw)[0]]  # (once per node of a lower file: no slice)
         return base + b"/" + raw[8:] if base else raw[8:]
+
+    def learn_from_c(self, ino: int) -> bool:
+        """Learn where ino is in the lower from C, which listed it (and so its directory)."""
+        found = self.from_c(ino) if self.from_c is not None else None
+        return found is not None and self._learn(ino, *found)
+
+    def _learn(self, ino: int, parent: int, name: bytes, is_dir: bool) -> bool:
+        base = self.whole.get(parent)  # (a directory's path: every one we know is there)
+        if base is None and self.learn_from_c(parent):
+            base = self.whole.get(parent)
+        if base is None:
+            return False
+        self.at[ino] = u64(parent) + name
+        if is_dir:
+            path = base + b"/" + name if base else name
+            self.whole[ino] = path
+            self.dir_inos[path] = ino
+        return True
 
     def __contains__(self, ino: int) -> bool:
         return ino in self.at or ino in self.whole
 
     def items(self) -> Iterator[tuple[int, bytes]]:
+        if self.all_from_c is not None:
+            for ino, parent, name, is_dir in sorted(self.all_from_c(), key=lambda e: e[3], reverse=True):
+                if ino not in self:
+                    self._learn(ino, parent, name, is_dir)
         for ino in self.whole.keys() | self.at.keys():
             yield ino, self.get(ino) or b""
 
@@ -89,11 +136,12 @@ class Parents:
     seen elsewhere than in the lower (moved, hard-linked, created) has its own, packed in
     one bytes object (a tuple costs 56 bytes more)."""
 
-    __slots__ = ("_seen", "_lower")
+    __slots__ = ("_seen", "_lower", "_paths")
 
     def __init__(self, lower: LowerPaths) -> None:
         self._seen: dict[int, bytes] = {}
         self._lower = lower.at
+        self._paths = lower
 
     @overload
     def get(self, ino: int) -> tuple[int, bytes] | None: ...
@@ -102,6 +150,8 @@ class Parents:
 
     def get(self, ino: int, default: tuple[int, bytes] | None = None) -> tuple[int, bytes] | None:
         raw = self._seen.get(ino) or self._lower.get(ino)
+        if raw is None and self._paths.from_c is not None and self._paths.learn_from_c(ino):
+            raw = self._lower.get(ino)
         return default if raw is None else (from_u64(raw[:8]), raw[8:])
 
     def __setitem__(self, ino: int, where: tuple[int, bytes]) -> None:

@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from overlayckpt.core.latency import BUCKETS, Histogram, RequestLatency
-from overlayckpt.records import CONTROL_INO_BASE
+from overlayckpt.records import CONTROL_INO_BASE, FIRST_UPPER_INO, LOWER_INO_ONE
 
 if TYPE_CHECKING:  # (only for the type: this module must load before pyfuse3 is imported)
     from pyfuse3 import EntryAttributes
@@ -102,6 +102,16 @@ def preload() -> None:
                                             ctypes.c_size_t]
     lib.fastpath_listing_change.restype = ctypes.c_int
     lib.fastpath_serve_promptly.restype = ctypes.c_int
+    lib.fastpath_lower_start.argtypes = [ctypes.c_int, u32, u64, u64, u64, u32]
+    lib.fastpath_lower_start.restype = None
+    lib.fastpath_lower_stop.restype = None
+    lib.fastpath_lower_hint.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_lower_hint.restype = None
+    lib.fastpath_lower_entry.argtypes = [u64, ctypes.POINTER(u64), ctypes.POINTER(ctypes.c_int),
+                                         ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_lower_entry.restype = ctypes.c_int
+    lib.fastpath_lower_known.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.fastpath_lower_known.restype = ctypes.c_size_t
     lib.fastpath_hist_bucket.argtypes = [ctypes.c_uint64]
     lib.fastpath_notify_inc_epoch.argtypes = []
     lib.fastpath_notify_inc_epoch.restype = ctypes.c_int
@@ -292,9 +302,86 @@ def names_clock() -> int:
 
 def names_changed() -> None:
     """Anything may have changed: drop every published listing (the repo's cached
-    answers went)."""
+    answers went, or pins were made), and list no repo directory in C any more."""
+    global _lower_on
     if _lib is not None:
+        _lower_on = False
+        _lib.fastpath_lower_stop()
         _lib.fastpath_names_changed()
+
+
+# Repo directories C lists itself (lowerdirs.c): at most this many names (lower.py keeps
+# no bigger listing, and the reader thread would stall on it)
+LOWER_MOST = 4096
+_HINT = struct.Struct("=QQBH")
+_lower_on = False
+_KNOWN = struct.Struct("=QQBB")
+
+
+def lower_start(fd: int, block_size: int, timeout: int, changed: list[int]) -> None:
+    """Have C list the repo directories (read through fd) that neither it nor any of
+    their entries ever changed: changed, the repo inodes the store has records of, and
+    every inode stamped from now on (lowerdirs.c). Only while the repo has no pins."""
+    global _lower_on
+    if _lib is None:
+        return
+    _lib.fastpath_lower_start(fd, block_size, timeout, FIRST_UPPER_INO, LOWER_INO_ONE, LOWER_MOST)
+    _lower_on = True
+    for at in range(0, len(changed), 65536):
+        part = changed[at:at + 65536]
+        _lib.fastpath_names_touch((ctypes.c_uint64 * len(part))(*part), len(part))
+
+
+def lower_on() -> bool:
+    """Whether C lists repo directories (lower_start, until names_changed)."""
+    return _lower_on
+
+
+def lower_hint(dirs: list[tuple[int, int, bytes, bool]]) -> None:
+    """Where these directories (inode, parent inode, path in the repo, whether at most a
+    block) are in the repo, for C to list them from there (lowerdirs.c checks)."""
+    if _lib is not None and dirs:
+        pack = _HINT.pack
+        buf = b"".join([pack(ino, parent, small, len(path)) + path for ino, parent, path, small in dirs
+                        if 0 < len(path) < 65536])
+        _lib.fastpath_lower_hint(buf, len(buf))
+
+
+def lower_entry(ino: int) -> tuple[int, bytes, bool] | None:
+    """Where inode ino is in the repo, if only C listed it: (directory inode, name, whether
+    a directory)."""
+    if _lib is None:
+        return None
+    parent, is_dir, name = ctypes.c_uint64(), ctypes.c_int(), ctypes.create_string_buffer(256)
+    n = _lib.fastpath_lower_entry(ino, ctypes.byref(parent), ctypes.byref(is_dir), name, 256)
+    return None if n < 0 else (parent.value, name.raw[:n], bool(is_dir.value))
+
+
+def lower_known() -> list[tuple[int, int, bytes, bool]]:
+    """Every entry C listed from the repo: (inode, directory inode, name, whether a
+    directory)."""
+    if _lib is None:
+        return []
+    need = 0
+    while True:
+        buf = ctypes.create_string_buffer(need or 1)
+        got = int(_lib.fastpath_lower_known(buf, need))
+        if got <= need:
+            break
+        need = got
+    raw, at, out, unpack = buf.raw[:got], 0, [], _KNOWN.unpack_from
+    while at < got:
+        ino, parent, is_dir, n = unpack(raw, at)
+        out.append((ino, parent, raw[at + 18:at + 18 + n], bool(is_dir)))
+        at += 18 + n
+    return out
+
+
+def lower_listed() -> int:
+    """How many repo directories C listed itself."""
+    if _lib is None:
+        return 0
+    return ctypes.c_uint64.in_dll(_lib, "fastpath_lower_listed").value
 
 
 def names_touch(inodes: set[bytes], everything: bool = False) -> None:

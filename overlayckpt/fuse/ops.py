@@ -27,6 +27,7 @@ from overlayckpt.core.context import Invalidate, no_invalidate
 from overlayckpt.core.journal import Caller
 from overlayckpt.core.latency import Captures
 from overlayckpt.core.overlay import RENAME_EXCHANGE, Overlay, make_durable
+from overlayckpt.core.tree import repo_inodes_changed
 from overlayckpt.errors import FsError
 from overlayckpt.fuse import fastpath
 from overlayckpt.fuse.attrs import CACHE_TIMEOUT, entry_attrs, entry_record
@@ -34,7 +35,7 @@ from overlayckpt.fuse.behind import Behind
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.fuse.forgotten import Forgotten
-from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node, u64
+from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, FIRST_UPPER_INO, ROOT_INO, Node, u64
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,11 @@ class Operations(pyfuse3.Operations):
         if fastpath.loaded():  # every change drops the names C answers (fuse/csrc/names.c)
             overlay.store.on_commit = fastpath.names_touch
             overlay.lower.on_forget = fastpath.names_changed
+            overlay.lower_paths.from_c = fastpath.lower_entry  # (fuse/csrc/lowerdirs.c)
+            overlay.lower_paths.all_from_c = fastpath.lower_known
+            if overlay.lower.pins is None:  # (a pinned entry shows what the repo no longer has)
+                fastpath.lower_start(overlay.lower.fd, overlay.bs, int(CACHE_TIMEOUT),
+                                     overlay.store.read(repo_inodes_changed))
         self.ov = overlay
         self.ctl = control
         self.callers = CallerCache()
@@ -188,6 +194,8 @@ class Operations(pyfuse3.Operations):
             ino, node = 0, None
         if publish and (self.ov.lower.listings_made != listed or parent_inode in self._unpublished):
             self._publish_names(parent_inode)
+        if node is not None and node.is_dir and publish:
+            self._hint_dirs(parent_inode, [(ino, node)])
         if node is None:
             neg = pyfuse3.EntryAttributes()
             neg.st_ino = 0
@@ -214,6 +222,15 @@ class Operations(pyfuse3.Operations):
         bs = self.ov.bs
         fastpath.publish_dir(stamp, parent, [(name, entry_record(child, node, bs))
                                              for name, child, node in entries])
+        self._hint_dirs(parent, [(child, node) for _, child, node in entries[2:] if node.is_dir])
+
+    def _hint_dirs(self, parent: int, dirs: list[tuple[int, Node]]) -> None:
+        """Where these directories of parent are in the repo, so that C lists them itself
+        while nothing changes them (fuse/csrc/lowerdirs.c checks they are the repo's)."""
+        if fastpath.lower_on():
+            small = self.ov.lower.is_small
+            fastpath.lower_hint([(ino, parent, node.origin, small(node.origin)) for ino, node in dirs
+                                 if node.origin and ino < FIRST_UPPER_INO])
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -500,6 +517,7 @@ class Operations(pyfuse3.Operations):
         listing = [(name, entry_attrs(child, node, bs)) for name, child, node in entries]
         number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
             if fastpath.loaded() else 0
+        self._hint_dirs(ino, [(child, node) for _, child, node in entries[2:] if node.is_dir])
         return listing, number
 
     def _read_for_c(self, fn: Callable[[Any], T]) -> tuple[int, T]:

@@ -30,6 +30,8 @@
  * - names.c: the listings of directories Python publishes as it lists them, and the
  *   LOOKUPs and READDIRPLUS of them that follow, answered by the reader thread while
  *   nothing in them changes; so are the GETATTRs a walk sends after a restore.
+ * - lowerdirs.c: repo directories nothing changed, listed from the repo by the
+ *   reader thread and published as names.c's.
  * - stats.c: the latency of writes, reads and fsyncs, from their arrival off
  *   /dev/fuse to their reply, in log-bucket histograms Python reads (overlayckpt
  *   stats).
@@ -123,6 +125,22 @@ static inline uint64_t now_ns(void)
 
 #pragma GCC visibility push(hidden)
 
+/* path beneath the repo's fd root, opened with flags, no symlink followed, and
+ * O_NOATIME where we may (lower.py open_noatime: reading the repo through the
+ * overlay leaves its attributes, which the mount shows, as they are). */
+static inline int open_beneath(int root, const char *path, uint64_t flags)
+{
+    struct open_how how = {.flags = flags | O_NOATIME | O_NOFOLLOW | O_CLOEXEC,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
+
+    if (fd < 0 && errno == EPERM) {  /* (not the owner: as natively, its atime moves) */
+        how.flags &= ~(uint64_t)O_NOATIME;
+        fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
+    }
+    return fd;
+}
+
 /* interpose.c: libfuse's own functions, and the one session whose handlers go
    through here */
 extern struct fuse_session *(*real_new)(struct fuse_args *, const struct fuse_lowlevel_ops *, size_t, void *);
@@ -178,9 +196,18 @@ void dir_attrs_taking(const char *mem, size_t len);
 /* names.c */
 void names_arriving(const char *mem, size_t len);
 int names_answer(struct fuse_session *se, const char *mem, size_t len);
+int names_listed(uint64_t dir);
+int publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size, int *changed);
+
+/* lowerdirs.c */
+void lower_touched(uint64_t ino);
+int lower_changed(uint64_t ino);
+void lower_arriving(const char *mem, size_t len);
 int listing_answer(struct fuse_session *se, const char *mem, size_t len);
 int attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 
 #pragma GCC visibility pop
+
+uint64_t fastpath_names_clock(void);  /* (exported: Python reads it too) */
 
 #endif

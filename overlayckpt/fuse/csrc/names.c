@@ -108,6 +108,7 @@ static inline void touch_one(uint64_t ino, uint64_t now)
 {
     touched[slot_of(ino)] = now;
     touches[slot_of(ino)]++;
+    lower_touched(ino);  /* (lowerdirs.c: never listed from the repo again) */
 }
 
 /* With names_lock held: whether nothing of ino changed after stamp. */
@@ -293,6 +294,25 @@ static void listing_free(struct listing **slot)
  * at the end included), else 0. */
 int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size)
 {
+    return publish_listing(stamp, dir, in, in_size, NULL);
+}
+
+/* With names_lock held: whether l's directory or any of its names was ever changed. */
+static int ever_changed(const struct listing *l)
+{
+    if (lower_changed(l->dir))
+        return 1;
+    for (uint32_t i = 2; i < l->count; i++)
+        if (lower_changed(entry(l, i)->dirent.ino))
+            return 1;
+    return 0;
+}
+
+/* fastpath_publish_listing, and for a listing read from the repo (lowerdirs.c) with
+ * changed not NULL: not taken if the directory or any name in it was ever changed,
+ * and then *changed is 1. */
+int publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size, int *changed)
+{
     size_t at = 0, size = 0;
     uint32_t count = 0, len;
     struct listing *l;
@@ -346,7 +366,9 @@ int fastpath_publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_
     }
     l->starts[count] = (uint32_t)size;
     pthread_mutex_lock(&names_lock);
-    if (stamp < changed_all || behind_pending()) {
+    if (changed != NULL)
+        *changed = ever_changed(l);
+    if (stamp < changed_all || behind_pending() || (changed != NULL && *changed)) {
         pthread_mutex_unlock(&names_lock);
         free(l->starts);
         free(l);
@@ -506,6 +528,17 @@ int fastpath_listing_change(uint64_t dir, const char *name, size_t len, const ch
         l->pending = 0;
     pthread_mutex_unlock(&names_lock);
     return ok;
+}
+
+/* Whether a listing of dir is published (whole or not). */
+int names_listed(uint64_t dir)
+{
+    int listed;
+
+    pthread_mutex_lock(&names_lock);
+    listed = listing_of(dir) != NULL;
+    pthread_mutex_unlock(&names_lock);
+    return listed;
 }
 
 /* Whether a name a listing lacks is one Python answers "no such name" for: not ".",

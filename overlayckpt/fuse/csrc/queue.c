@@ -126,6 +126,7 @@ static void *read_requests(void *arg)
             break;
         }
         names_arriving(buf.mem, (size_t)res);  /* (before a write is acknowledged) */
+        lower_arriving(buf.mem, (size_t)res);  /* (a repo directory names.c may then answer) */
         if (names_answer(se, buf.mem, (size_t)res) || listing_answer(se, buf.mem, (size_t)res) ||
             dir_attrs_answer(se, buf.mem, (size_t)res) || attrs_answer(se, buf.mem, (size_t)res))
             continue;

@@ -54,9 +54,7 @@ static void warm_push(const char *parent, const char *name)
 
 static void warm_dir(int root, const char *path)
 {
-    struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
-                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
-    int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
+    int fd = open_beneath(root, path, O_RDONLY | O_DIRECTORY);
     DIR *dir;
     struct dirent *e;
     struct stat st;
