@@ -479,6 +479,8 @@ class KernelStatus(TypedDict):
     absent_from_c: NotRequired[int]  # (of names_from_c: answered as no such name)
     listings_from_c: NotRequired[int]
     repo_dirs_listed_in_c: NotRequired[int]  # (repo directories C listed itself: lowerdirs.c)
+    repo_reads_in_c: NotRequired[int]  # (READs of repo files C answered from the repo)
+    repo_attrs_in_c: NotRequired[int]  # (and GETATTRs of repo entries)
     attrs_from_c: NotRequired[int]
     kernel_invalidation: NotRequired[str]  # "epoch" or "entries"
 

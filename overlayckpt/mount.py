@@ -129,6 +129,8 @@ class Kernel:
                 "absent_from_c": fastpath.absent_answered(),
                 "listings_from_c": fastpath.listings_answered(),
                 "repo_dirs_listed_in_c": fastpath.lower_listed(),
+                "repo_reads_in_c": fastpath.lower_reads()[0],
+                "repo_attrs_in_c": fastpath.lower_reads()[1],
                 "attrs_from_c": fastpath.attrs_answered(),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 

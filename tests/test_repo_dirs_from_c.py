@@ -10,6 +10,7 @@ native copy, and each attribute the kernel got with what Python answers (test_na
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -45,14 +46,17 @@ def deep_repo(path: Path) -> Path:
 
 @pytest.fixture
 def deep(tmp_path: Path, mount_factory: MountFactory) -> Mount:
-    return mount_factory(deep_repo(tmp_path / "repo"))
+    """deep_repo mounted, copied first to tmp_path / "native" (reading the repo's
+    directories moves their atimes, which the mount shows)."""
+    repo = deep_repo(tmp_path / "repo")
+    copy_tree(repo, tmp_path / "native")
+    copy_tree(repo, tmp_path / "at-start")
+    return mount_factory(repo)
 
 
 def test_untouched_repo_directories_are_listed_in_c_as_python_lists_them(deep: Mount,
                                                                        tmp_path: Path) -> None:
-    m = deep
-    native = tmp_path / "native"  # (walking the repo itself would move its atimes)
-    copy_tree(m.repo, native)
+    m, native = deep, tmp_path / "native"
     forget_names()
     for name in ("x", "y"):  # (a directory with a hard-linked file: Python's)
         assert synced(m.mnt / "hl" / name) == attrs(m.mnt / "hl" / name)
@@ -65,10 +69,7 @@ def test_untouched_repo_directories_are_listed_in_c_as_python_lists_them(deep: M
 
 
 def test_a_file_only_c_listed_is_changed_and_named_as_any(deep: Mount, tmp_path: Path) -> None:
-    m = deep
-    native = tmp_path / "native"
-    copy_tree(m.repo, native)
-    copy_tree(m.repo, tmp_path / "at-start")
+    m, native = deep, tmp_path / "native"
     forget_names()
     os.lstat(m.mnt / DEEP)
     assert listed_in_c(m) == 3  # (Python never saw f.txt nor deep/a/b)
@@ -123,3 +124,65 @@ def test_once_the_repo_changes_nothing_is_listed_from_it(tmp_path: Path,
     walk_by_path(m, native, ("f.txt",))
     walk_by_listing(m, native)
     assert listed_in_c(m) == listed
+
+
+def drop_pages() -> None:
+    """Have the kernel forget names and file pages (ours included)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def files_of(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def test_reads_of_files_nothing_changed_are_answered_from_the_repo(deep: Mount, tmp_path: Path) -> None:
+    m, native = deep, tmp_path / "native"
+    walk_by_listing(m, native)  # (C lists the directories)
+    drop_pages()
+    reads = m.ctl_ok({"cmd": "status"})["repo_reads_in_c"]
+    counted = m.ctl_ok({"cmd": "stats"})["reads"]["count"]
+    for rel in files_of(native):
+        assert (m.mnt / rel).read_bytes() == (native / rel).read_bytes(), rel
+    from_c = m.ctl_ok({"cmd": "status"})["repo_reads_in_c"] - reads
+    assert from_c >= 10  # (those in directories C listed)
+    assert m.ctl_ok({"cmd": "stats"})["reads"]["count"] - counted >= from_c
+    for root in (native, m.mnt):  # (a write C acknowledges, a truncation, a new name)
+        append(root / DEEP, b"more\n")
+        os.truncate(root / "deep/a/f2.txt", 1)
+        os.rename(root / "deep/e/f1.txt", root / "deep/e/g.txt")
+    for drop in (lambda: forget_names(sync=False), drop_pages):
+        drop()
+        for rel in files_of(native):
+            assert (m.mnt / rel).read_bytes() == (native / rel).read_bytes(), rel
+
+
+def as_python_answers(st: os.stat_result) -> tuple[int, ...]:
+    """What Python answers for a repo entry nothing changed (tree.py node_from_stat,
+    attrs.py entry_attrs), as synced() reads it."""
+    size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
+    return (st.st_ino, st.st_mode, st.st_nlink, st.st_uid, st.st_gid, size, (size + 511) // 512,
+            st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def test_attributes_asked_of_untouched_entries_are_the_repo_s(deep: Mount, tmp_path: Path) -> None:
+    """After a read the kernel asks a file's attributes again (its atime); C answers them
+    from the repo, as Python would, and Python once the file changed."""
+    m, native = deep, tmp_path / "native"
+    walk_by_listing(m, native)
+    drop_pages()
+    before = m.ctl_ok({"cmd": "status"})["repo_attrs_in_c"]
+    rels = [str(p.relative_to(native)) for p in native.rglob("*")]
+    for rel in rels:
+        if (m.mnt / rel).is_file() and not (m.mnt / rel).is_symlink():
+            (m.mnt / rel).read_bytes()
+        assert synced(m.mnt / rel) == as_python_answers(os.lstat(m.repo / rel)), rel
+    assert m.ctl_ok({"cmd": "status"})["repo_attrs_in_c"] - before >= 10
+    os.chmod(m.mnt / DEEP, 0o600)
+    append(m.mnt / "deep/a/f0.txt", b"x")
+    for rel in (DEEP, "deep/a/f0.txt"):
+        st = os.lstat(m.repo / rel)
+        assert synced(m.mnt / rel) != as_python_answers(st)
+    assert stat.S_IMODE(synced(m.mnt / DEEP)[1]) == 0o600
+    assert synced(m.mnt / "deep/a/f0.txt")[5] == os.lstat(m.repo / "deep/a/f0.txt").st_size + 1

@@ -146,6 +146,7 @@ class RequestLatency(TypedDict):
     write_early: Histogram  # acknowledged before they were stored (write-behind)
     read: Histogram
     fsync: Histogram
+    read_c: Histogram  # reads of repo files nothing changed, answered from the repo in C
     untimed: int
 
 

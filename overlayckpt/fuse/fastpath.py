@@ -48,8 +48,9 @@ class _Hist(ctypes.Structure):
                 ("errors", ctypes.c_uint64), ("buckets", ctypes.c_uint64 * BUCKETS)]
 
 
-# fastpath.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC: the histograms of stats.c
-STATS_KINDS = ("write", "write_early", "read", "fsync")
+# fastpath.h's STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_READ_C: the
+# histograms of stats.c (read_c: the reads C answered from the repo, lowerdirs.c)
+STATS_KINDS = ("write", "write_early", "read", "fsync", "read_c")
 
 
 LIBRARY = "libfastpath.so"  # setup.py builds it beside this module (no Python extension)
@@ -213,9 +214,9 @@ def request_latency() -> RequestLatency | None:
     if _lib is None or not active():
         return None
     raw = (_Hist * len(STATS_KINDS)).in_dll(_lib, "fastpath_stats")
-    write, write_early, read, fsync = (Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
-                                       for h in raw)  # (in STATS_KINDS order)
-    return {"write": write, "write_early": write_early, "read": read, "fsync": fsync,
+    write, write_early, read, fsync, read_c = (Histogram(list(h.buckets), h.sum_ns, h.max_ns, h.errors)
+                                               for h in raw)  # (in STATS_KINDS order)
+    return {"write": write, "write_early": write_early, "read": read, "fsync": fsync, "read_c": read_c,
             "untimed": ctypes.c_uint64.in_dll(_lib, "fastpath_stats_untimed").value}
 
 
@@ -382,6 +383,14 @@ def lower_listed() -> int:
     if _lib is None:
         return 0
     return ctypes.c_uint64.in_dll(_lib, "fastpath_lower_listed").value
+
+
+def lower_reads() -> tuple[int, int]:
+    """How many READs and GETATTRs of repo entries C answered from the repo itself."""
+    if _lib is None:
+        return 0, 0
+    return (ctypes.c_uint64.in_dll(_lib, "fastpath_lower_reads").value,
+            ctypes.c_uint64.in_dll(_lib, "fastpath_lower_attrs").value)
 
 
 def names_touch(inodes: set[bytes], everything: bool = False) -> None:

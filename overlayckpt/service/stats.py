@@ -43,7 +43,7 @@ def stats(s: Session) -> StatsReply:
     empty = Histogram()
     writes_late = timed["write"] if timed else empty
     writes_early = timed["write_early"] if timed else empty
-    reads = timed["read"] if timed else empty
+    reads = Histogram.merged([timed["read"], timed["read_c"]]) if timed else empty
     fsyncs = timed["fsync"] if timed else empty
     writes = Histogram.merged([writes_late, writes_early])
     captures = Histogram.merged([s.captures.before_reply, s.captures.after_reply])

@@ -109,7 +109,7 @@ struct hist {
 };
 /* fastpath_stats[kind]: each written by one thread only (the reader thread for
    STATS_WRITE_EARLY, pyfuse3's for the others) */
-enum { STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_KINDS };
+enum { STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_READ_C, STATS_KINDS };
 extern struct hist fastpath_stats[STATS_KINDS];
 extern uint64_t fastpath_request_arrival;  /* the write being handled: its arrival */
 
@@ -130,7 +130,7 @@ static inline uint64_t now_ns(void)
  * overlay leaves its attributes, which the mount shows, as they are). */
 static inline int open_beneath(int root, const char *path, uint64_t flags)
 {
-    struct open_how how = {.flags = flags | O_NOATIME | O_NOFOLLOW | O_CLOEXEC,
+    struct open_how how = {.flags = flags | (flags & O_PATH ? 0 : O_NOATIME) | O_NOFOLLOW | O_CLOEXEC,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
     int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
 
@@ -203,6 +203,10 @@ int publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size
 void lower_touched(uint64_t ino);
 int lower_changed(uint64_t ino);
 void lower_arriving(const char *mem, size_t len);
+int lower_read_answer(struct fuse_session *se, const char *mem, size_t len, uint64_t arrival);
+int lower_getattr_answer(struct fuse_session *se, const char *mem, size_t len);
+int names_reply_unchanged(struct fuse_session *se, uint64_t unique, uint64_t ino, const void *data,
+                          size_t size);
 int listing_answer(struct fuse_session *se, const char *mem, size_t len);
 int attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 

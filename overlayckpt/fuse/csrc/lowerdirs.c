@@ -26,6 +26,13 @@
  *
  * Python learns from here where the entries it was never told of are
  * (fastpath_lower_entry; tree.py LowerPaths), when the kernel asks about them.
+ *
+ * The reader answers the READs of such a file too (a handle C opened), from the repo
+ * file, while the file was never changed: the first read of each file after mount (a
+ * cold `tar`, a first build) went through Python, which reads the same bytes. And the
+ * GETATTRs of such a file or directory: the kernel drops a file's atime after each
+ * read from it (fuse_invalidate_atime), so the fstat that follows (tar's) asked
+ * Python for what lstat of the repo's file says.
  */
 #include "fastpath.h"
 
@@ -48,6 +55,8 @@ static int lower_fd = -1, lower_on;
 static uint64_t first_upper, ino_one, lower_timeout;
 static uint32_t lower_blksize, lower_most;
 uint64_t fastpath_lower_listed;  /* directories the reader listed from the repo */
+uint64_t fastpath_lower_reads;   /* READs it answered from the repo */
+uint64_t fastpath_lower_attrs;   /* GETATTRs it answered from the repo */
 
 /* names_lock's: the repo inodes ever changed (exact; 0 never is one) */
 static uint64_t *ever;
@@ -503,4 +512,124 @@ void lower_arriving(const char *mem, size_t len)
         return;
     if (!names_listed(in->nodeid))
         list_lower(in->nodeid, lookup);
+}
+
+/* -- reading a file ------------------------------------------------------------ */
+
+#define READ_FDS 16      /* repo files kept open: a big file is read in several READs */
+#define READ_MOST (1u << 20)
+
+static struct { uint64_t ino; int fd; } read_fds[READ_FDS];  /* the reader thread's */
+static unsigned read_next;
+static char *read_buf;
+static size_t read_room;
+
+/* With known_lock held: the repo path of an entry C listed (into path), or 0; a
+ * directory's, only if dirs. */
+static int entry_path(uint64_t ino, char *path, size_t cap, int dirs)
+{
+    struct known *k = known_find(ino), *dir;
+    size_t dlen, nlen;
+
+    if (k != NULL && k->verified && k->is_dir && dirs && strlen(k->name) < cap) {
+        strcpy(path, k->name);
+        return 1;
+    }
+    if (k == NULL || !k->verified || k->is_dir || (dir = known_find(k->parent)) == NULL || !dir->is_dir)
+        return 0;
+    dlen = strlen(dir->name);
+    nlen = strlen(k->name);
+    if (dlen + 1 + nlen >= cap)
+        return 0;
+    memcpy(path, dir->name, dlen);
+    path[dlen] = '/';
+    memcpy(path + dlen + 1, k->name, nlen + 1);
+    return 1;
+}
+
+/* An fd of repo file ino (opened at its path, checked to be it), or -1. */
+static int read_fd(uint64_t ino)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    int ok, fd;
+
+    for (unsigned i = 0; i < READ_FDS; i++)
+        if (read_fds[i].ino == ino)
+            return read_fds[i].fd;
+    pthread_mutex_lock(&known_lock);
+    ok = entry_path(ino, path, sizeof(path), 0);
+    pthread_mutex_unlock(&known_lock);
+    if (!ok || (fd = open_beneath(lower_fd, path, O_RDONLY)) < 0)
+        return -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || lower_ino(st.st_ino) != ino) {
+        close(fd);
+        return -1;
+    }
+    if (read_fds[read_next].ino != 0)
+        close(read_fds[read_next].fd);
+    read_fds[read_next].ino = ino;
+    read_fds[read_next].fd = fd;
+    read_next = (read_next + 1) % READ_FDS;
+    return fd;
+}
+
+/* The reader thread: answer a READ of a repo file nothing changed, through a handle C
+ * opened, from the repo; 0 if Python must. */
+int lower_read_answer(struct fuse_session *se, const char *mem, size_t len, uint64_t arrival)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    const struct fuse_read_in *arg = (const void *)(mem + sizeof(*in));
+    ssize_t got;
+    int fd;
+
+    if (!__atomic_load_n(&lower_on, __ATOMIC_ACQUIRE) || len < sizeof(*in) + sizeof(*arg) ||
+        in->opcode != FUSE_READ || !(arg->fh & KERNEL_HANDLE) || in->nodeid == FUSE_ROOT_ID ||
+        in->nodeid >= first_upper || arg->size > READ_MOST || arg->offset > INT64_MAX ||
+        !grow((void **)&read_buf, &read_room, arg->size ? arg->size : 1, 1))
+        return 0;
+    fd = read_fd(in->nodeid);
+    if (fd < 0 || (got = pread(fd, read_buf, arg->size, (off_t)arg->offset)) < 0 ||
+        !names_reply_unchanged(se, in->unique, in->nodeid, read_buf, (size_t)got))
+        return 0;
+    stats_record(&fastpath_stats[STATS_READ_C], now_ns() - arrival, 0);
+    fastpath_lower_reads++;
+    return 1;
+}
+
+/* The reader thread: answer a GETATTR of a repo entry nothing changed, C listed, from
+ * the repo (lstat's, as Python answers it: attrs.py entry_attrs); 0 if Python must. */
+int lower_getattr_answer(struct fuse_session *se, const char *mem, size_t len)
+{
+    const struct fuse_in_header *in = (const void *)mem;
+    char path[PATH_MAX];
+    struct fuse_entry_out e;
+    struct fuse_attr_out out = {0};
+    struct stat st;
+    int fd = -1, ok = 0;
+
+    if (!__atomic_load_n(&lower_on, __ATOMIC_ACQUIRE) || len < sizeof(*in) || in->opcode != FUSE_GETATTR ||
+        in->nodeid == FUSE_ROOT_ID || in->nodeid >= first_upper)
+        return 0;
+    for (unsigned i = 0; i < READ_FDS && !ok; i++)
+        if (read_fds[i].ino == in->nodeid)
+            ok = fstat(read_fds[i].fd, &st) == 0;
+    if (!ok) {
+        pthread_mutex_lock(&known_lock);
+        ok = entry_path(in->nodeid, path, sizeof(path), 1);
+        pthread_mutex_unlock(&known_lock);
+        if (!ok || (fd = open_beneath(lower_fd, path, O_PATH)) < 0)
+            return 0;
+        ok = fstat(fd, &st) == 0;
+        close(fd);
+    }
+    if (!ok || lower_ino(st.st_ino) != in->nodeid)
+        return 0;
+    entry_of(&e, in->nodeid, &st);
+    out.attr_valid = e.attr_valid;
+    out.attr = e.attr;
+    if (!names_reply_unchanged(se, in->unique, in->nodeid, &out, sizeof(out)))
+        return 0;
+    fastpath_lower_attrs++;
+    return 1;
 }

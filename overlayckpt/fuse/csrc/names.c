@@ -530,6 +530,22 @@ int fastpath_listing_change(uint64_t dir, const char *name, size_t len, const ch
     return ok;
 }
 
+/* Reply data to request unique, about ino, unless ino was ever changed (lowerdirs.c):
+ * under the lock a change's stamp takes, so the reply is on its way before the change
+ * is even answered. 1 if it replied. */
+int names_reply_unchanged(struct fuse_session *se, uint64_t unique, uint64_t ino, const void *data,
+                          size_t size)
+{
+    int unchanged_ever;
+
+    pthread_mutex_lock(&names_lock);
+    unchanged_ever = !lower_changed(ino);
+    if (unchanged_ever)
+        (void)reply_raw(se, unique, data, size);
+    pthread_mutex_unlock(&names_lock);
+    return unchanged_ever;
+}
+
 /* Whether a listing of dir is published (whole or not). */
 int names_listed(uint64_t dir)
 {

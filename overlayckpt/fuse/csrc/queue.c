@@ -128,6 +128,8 @@ static void *read_requests(void *arg)
         names_arriving(buf.mem, (size_t)res);  /* (before a write is acknowledged) */
         lower_arriving(buf.mem, (size_t)res);  /* (a repo directory names.c may then answer) */
         if (names_answer(se, buf.mem, (size_t)res) || listing_answer(se, buf.mem, (size_t)res) ||
+            lower_read_answer(se, buf.mem, (size_t)res, arrival) ||
+            lower_getattr_answer(se, buf.mem, (size_t)res) ||
             dir_attrs_answer(se, buf.mem, (size_t)res) || attrs_answer(se, buf.mem, (size_t)res))
             continue;
         if (request_is_fast(buf.mem, (size_t)res))
