@@ -328,7 +328,8 @@ class Lower:
         pin = self._pin(path)
         if pin is not None and pin.read is not None:
             return LowerFile(-1, pin.read)
-        return LowerFile(open_noatime(self.fd, path, os.O_RDONLY), None)
+        # (O_NONBLOCK: a repo file swapped for a fifo behind our back is not waited on)
+        return LowerFile(open_noatime(self.fd, path, os.O_RDONLY | os.O_NONBLOCK), None)
 
     def readlink(self, path: bytes) -> bytes:
         pin = self._pin(path)
@@ -383,7 +384,10 @@ class LowerFile:
     def pread(self, size: int, off: int) -> bytes:
         if self._read is not None:
             return self._read(size, off)
-        return os.pread(self.fd, size, off)
+        try:
+            return os.pread(self.fd, size, off)
+        except OSError as e:  # (a repo file changed behind our back: a fifo now, say)
+            raise FsError(e.errno or errno.EIO, f"reading the repo's file: {e.strerror}") from None
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -89,7 +89,7 @@ void lower_touched(uint64_t ino)
         uint64_t *grown = bits > 30 ? NULL : calloc((size_t)1 << bits, sizeof(*grown));
 
         if (grown == NULL) {
-            lower_on = 0;  /* (changes no longer all known: list nothing more) */
+            __atomic_store_n(&lower_on, 0, __ATOMIC_RELEASE);  /* (changes no longer all known) */
             return;
         }
         for (uint32_t i = 0; ever != NULL && i < (1u << ever_bits); i++)
@@ -560,7 +560,7 @@ static int read_fd(uint64_t ino)
     pthread_mutex_lock(&known_lock);
     ok = entry_path(ino, path, sizeof(path), 0);
     pthread_mutex_unlock(&known_lock);
-    if (!ok || (fd = open_beneath(lower_fd, path, O_RDONLY)) < 0)
+    if (!ok || (fd = open_beneath(lower_fd, path, O_RDONLY | O_NONBLOCK)) < 0)  /* (not a fifo's wait) */
         return -1;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || lower_ino(st.st_ino) != ino) {
         close(fd);
