@@ -108,7 +108,7 @@ struct hist {
     uint64_t buckets[HIST_BUCKETS];
 };
 /* fastpath_stats[kind]: each written by one thread only (the reader thread for
-   STATS_WRITE_EARLY, pyfuse3's for the others) */
+   STATS_WRITE_EARLY and STATS_READ_C, pyfuse3's for the others) */
 enum { STATS_WRITE, STATS_WRITE_EARLY, STATS_READ, STATS_FSYNC, STATS_READ_C, STATS_KINDS };
 extern struct hist fastpath_stats[STATS_KINDS];
 extern uint64_t fastpath_request_arrival;  /* the write being handled: its arrival */
@@ -196,8 +196,12 @@ void dir_attrs_taking(const char *mem, size_t len);
 /* names.c */
 void names_arriving(const char *mem, size_t len);
 int names_answer(struct fuse_session *se, const char *mem, size_t len);
+int listing_answer(struct fuse_session *se, const char *mem, size_t len);
+int attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 int names_listed(uint64_t dir);
 int publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size, int *changed);
+int names_reply_unchanged(struct fuse_session *se, uint64_t unique, uint64_t ino, const void *data,
+                          size_t size);
 
 /* lowerdirs.c */
 void lower_touched(uint64_t ino);
@@ -205,10 +209,6 @@ int lower_changed(uint64_t ino);
 void lower_arriving(const char *mem, size_t len);
 int lower_read_answer(struct fuse_session *se, const char *mem, size_t len, uint64_t arrival);
 int lower_getattr_answer(struct fuse_session *se, const char *mem, size_t len);
-int names_reply_unchanged(struct fuse_session *se, uint64_t unique, uint64_t ino, const void *data,
-                          size_t size);
-int listing_answer(struct fuse_session *se, const char *mem, size_t len);
-int attrs_answer(struct fuse_session *se, const char *mem, size_t len);
 
 #pragma GCC visibility pop
 
