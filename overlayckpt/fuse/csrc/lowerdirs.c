@@ -51,7 +51,7 @@ struct known {
 static pthread_mutex_t known_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct known *known;
 static uint32_t known_bits, known_count;
-static int lower_fd = -1, lower_on;
+static int lower_fd = -1, lower_on, listing_on = 1;  /* listing_on: room left to remember names */
 static uint64_t first_upper, ino_one, lower_timeout;
 static uint32_t lower_blksize, lower_most;
 uint64_t fastpath_lower_listed;  /* directories the reader listed from the repo */
@@ -163,9 +163,9 @@ static int known_room(void)
 
 /* With known_lock held: remember ino as parent's entry name (len bytes); for a
  * directory, at path (plen bytes, its last part the name). A verified entry keeps
- * what it says. */
-static void known_put(uint64_t ino, uint64_t parent, const char *path, size_t plen, size_t len,
-                      int is_dir, int verified, int eager)
+ * what it says. 0 if there is no room for it. */
+static int known_put(uint64_t ino, uint64_t parent, const char *path, size_t plen, size_t len,
+                     int is_dir, int verified, int eager)
 {
     struct known *k = known_find(ino);
     char *copy;
@@ -173,12 +173,12 @@ static void known_put(uint64_t ino, uint64_t parent, const char *path, size_t pl
     if (k != NULL && (k->verified || !verified)) {
         if (eager && is_dir)
             k->eager = 1;
-        return;
+        return 1;
     }
     if (k == NULL && !known_room())
-        return;
+        return 0;
     if (plen > UINT16_MAX || (copy = malloc(plen + 1)) == NULL)
-        return;
+        return 0;
     memcpy(copy, path, plen);
     copy[plen] = '\0';
     if (k == NULL) {
@@ -190,6 +190,7 @@ static void known_put(uint64_t ino, uint64_t parent, const char *path, size_t pl
     *k = (struct known){.ino = ino, .parent = parent, .name = copy, .name_at = (uint16_t)(plen - len),
                         .is_dir = (uint8_t)is_dir, .verified = (uint8_t)verified,
                         .eager = (uint8_t)eager};
+    return 1;
 }
 
 /* Python, at mount when no pins exist: list repo directories from fd (a copy is
@@ -235,8 +236,8 @@ void fastpath_lower_hint(const char *in, size_t size)
             break;
         slash = memrchr(path, '/', plen);
         if (ino != 0 && ino < first_upper)
-            known_put(ino, parent, path, plen, slash ? (size_t)(path + plen - slash - 1) : plen, 1, 0,
-                      in[at + 16] != 0);
+            (void)known_put(ino, parent, path, plen, slash ? (size_t)(path + plen - slash - 1) : plen, 1, 0,
+                            in[at + 16] != 0);
         at += 19 + plen;
     }
     pthread_mutex_unlock(&known_lock);
@@ -422,7 +423,7 @@ static void list_lower(uint64_t dir, int first_lookup)
     char path[PATH_MAX];
     uint64_t parent, stamp;
     struct stat st;
-    int fd, n, listable = 0, changed = 0;
+    int fd, n, listable = 0, changed = 0, all_known = 1;
     size_t size, at = 0;
     struct fuse_entry_out e;
 
@@ -468,7 +469,7 @@ static void list_lower(uint64_t dir, int first_lookup)
         put_record(&at, order[i]->name, order[i]->len, &e);
     }
     pthread_mutex_lock(&known_lock);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && all_known; i++) {
         struct lentry *le = order[i];
         size_t plen = strlen(path);
         int is_dir = S_ISDIR(le->st.st_mode);
@@ -478,14 +479,18 @@ static void list_lower(uint64_t dir, int first_lookup)
             memcpy(child, path, plen);
             child[plen] = '/';
             memcpy(child + plen + 1, le->name, le->len);
-            known_put(lower_ino(le->st.st_ino), dir, plen ? child : child + 1,
-                      plen ? plen + 1 + le->len : le->len, le->len, 1, 1,
-                      le->st.st_size <= SMALL_DIR_BYTES);
-        } else {
-            known_put(lower_ino(le->st.st_ino), dir, le->name, le->len, le->len, is_dir, 1, 0);
+            all_known = known_put(lower_ino(le->st.st_ino), dir, plen ? child : child + 1,
+                                  plen ? plen + 1 + le->len : le->len, le->len, 1, 1,
+                                  le->st.st_size <= SMALL_DIR_BYTES);
+        } else {  /* (a directory whose path is too long is never listed: opened by its name, it is not found) */
+            all_known = known_put(lower_ino(le->st.st_ino), dir, le->name, le->len, le->len, is_dir, 1, 0);
         }
     }
     pthread_mutex_unlock(&known_lock);
+    if (!all_known) {  /* (Python could not learn where its names are: no more listings) */
+        __atomic_store_n(&listing_on, 0, __ATOMIC_RELEASE);
+        return;
+    }
     if (publish_listing(stamp, dir, out, at, &changed))
         fastpath_lower_listed++;
     else if (changed) {
@@ -503,8 +508,8 @@ void lower_arriving(const char *mem, size_t len)
     const struct fuse_in_header *in = (const void *)mem;
     int lookup;
 
-    if (!__atomic_load_n(&lower_on, __ATOMIC_ACQUIRE) || len < sizeof(*in) ||
-        in->nodeid == FUSE_ROOT_ID || in->nodeid >= first_upper)
+    if (!__atomic_load_n(&lower_on, __ATOMIC_ACQUIRE) || !__atomic_load_n(&listing_on, __ATOMIC_ACQUIRE) ||
+        len < sizeof(*in) || in->nodeid == FUSE_ROOT_ID || in->nodeid >= first_upper)
         return;
     lookup = in->opcode == FUSE_LOOKUP;
     if (!lookup && !(in->opcode == FUSE_READDIRPLUS && len >= sizeof(*in) + sizeof(struct fuse_read_in) &&
