@@ -124,14 +124,14 @@ class Kernel:
     def status(self) -> KernelStatus:
         """What the status command shows of the kernel side (fuse/fastpath.py)."""
         return {"kernel_dir_cache": fastpath.active(), "repo_read_ahead": fastpath.read_ahead(),
-                "dir_attrs_from_c": fastpath.dir_attrs_answered(),
-                "names_from_c": fastpath.names_answered(),
-                "absent_from_c": fastpath.absent_answered(),
-                "listings_from_c": fastpath.listings_answered(),
-                "repo_dirs_listed_in_c": fastpath.lower_listed(),
-                "repo_reads_in_c": fastpath.lower_reads()[0],
-                "repo_attrs_in_c": fastpath.lower_reads()[1],
-                "attrs_from_c": fastpath.attrs_answered(),
+                "dir_attrs_from_c": fastpath.counter("dir_attrs_answered"),
+                "names_from_c": fastpath.counter("names_answered"),
+                "absent_from_c": fastpath.counter("absent_answered"),
+                "listings_from_c": fastpath.counter("listings_answered"),
+                "repo_dirs_listed_in_c": fastpath.counter("lower_listed"),
+                "repo_reads_in_c": fastpath.counter("lower_reads"),
+                "repo_attrs_in_c": fastpath.counter("lower_attrs"),
+                "attrs_from_c": fastpath.counter("attrs_answered"),
                 "kernel_invalidation": "epoch" if self.epoch else "entries"}
 
     async def invalidate(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:

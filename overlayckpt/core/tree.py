@@ -48,17 +48,16 @@ class Seekable(Protocol):
     def seek(self, table: bytes, key: bytes) -> tuple[bytes, bytes] | None: ...
 
 
-def repo_inodes_changed(r: Seekable) -> list[int]:
-    """The repo's inodes the live state has records of, in any live table (each key
-    begins with its inode): what shows of them is not what the repo has."""
-    out: set[int] = set()
+def repo_inodes_changed(r: Seekable) -> set[bytes]:
+    """The repo's inodes (8-byte keys) the live state has records of, in any live table
+    (each key begins with its inode): what shows of them is not what the repo has."""
+    out: set[bytes] = set()
     for table in LIVE_TABLES:
         key = u64(1)
         while (found := r.seek(table, key)) is not None and found[0] < FIRST_UPPER_KEY:
-            ino = from_u64(found[0][:8])
-            out.add(ino)
-            key = u64(ino + 1)
-    return sorted(out)
+            out.add(found[0][:8])
+            key = u64(from_u64(found[0][:8]) + 1)
+    return out
 
 
 def node_from_stat(st: Stat, origin: bytes) -> Node:
@@ -124,9 +123,9 @@ class LowerPaths:
 
     def items(self) -> Iterator[tuple[int, bytes]]:
         if self.all_from_c is not None:
-            for ino, parent, name, is_dir in sorted(self.all_from_c(), key=lambda e: e[3], reverse=True):
+            for ino, parent, name, is_dir in self.all_from_c():
                 if ino not in self:
-                    self._learn(ino, parent, name, is_dir)
+                    self._learn(ino, parent, name, is_dir)  # (its directory first, if need be)
         for ino in self.whole.keys() | self.at.keys():
             yield ino, self.get(ino) or b""
 

@@ -274,13 +274,6 @@ def drop_dir_attrs() -> None:
         _lib.fastpath_drop_dir_attrs()
 
 
-def dir_attrs_answered() -> int:
-    """How many GETATTRs C answered from published directory attributes."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_dir_attrs_answered").value
-
-
 # A listing goes to names.c as, for each entry, u32 name length, the name, then
 # linux/fuse.h's struct fuse_entry_out (its size is checked by a test): nodeid,
 # generation, entry_valid, attr_valid, their nsecs, then struct fuse_attr (ino, size,
@@ -319,18 +312,14 @@ _lower_on = False
 _KNOWN = struct.Struct("=QQBB")
 
 
-def lower_start(fd: int, block_size: int, timeout: int, changed: list[int]) -> None:
+def lower_start(fd: int, block_size: int, timeout: int) -> None:
     """Have C list the repo directories (read through fd) that neither it nor any of
-    their entries ever changed: changed, the repo inodes the store has records of, and
-    every inode stamped from now on (lowerdirs.c). Only while the repo has no pins."""
+    their entries was ever stamped from now on (lowerdirs.c): stamp (names_touch) the
+    repo inodes the store already has records of next. Only while the repo has no pins."""
     global _lower_on
-    if _lib is None:
-        return
-    _lib.fastpath_lower_start(fd, block_size, timeout, FIRST_UPPER_INO, LOWER_INO_ONE, LOWER_MOST)
-    _lower_on = True
-    for at in range(0, len(changed), 65536):
-        part = changed[at:at + 65536]
-        _lib.fastpath_names_touch((ctypes.c_uint64 * len(part))(*part), len(part))
+    if _lib is not None:
+        _lib.fastpath_lower_start(fd, block_size, timeout, FIRST_UPPER_INO, LOWER_INO_ONE, LOWER_MOST)
+        _lower_on = True
 
 
 def lower_on() -> bool:
@@ -378,19 +367,15 @@ def lower_known() -> list[tuple[int, int, bytes, bool]]:
     return out
 
 
-def lower_listed() -> int:
-    """How many repo directories C listed itself."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_lower_listed").value
-
-
-def lower_reads() -> tuple[int, int]:
-    """How many READs and GETATTRs of repo entries C answered from the repo itself."""
-    if _lib is None:
-        return 0, 0
-    return (ctypes.c_uint64.in_dll(_lib, "fastpath_lower_reads").value,
-            ctypes.c_uint64.in_dll(_lib, "fastpath_lower_attrs").value)
+def counter(name: str) -> int:
+    """One of the library's request counters, fastpath_<name> (0 without it): what C
+    answered of the kernel's requests (status shows them). dir_attrs_answered: GETATTRs
+    from published directory attributes (dirattrs.c); names_answered, absent_answered,
+    listings_answered: LOOKUPs, those of them answered as no such name, and READDIRPLUS
+    from published listings; attrs_answered: GETATTRs from publish_attrs (names.c);
+    lower_listed, lower_reads, lower_attrs: repo directories listed, READs and
+    GETATTRs answered from the repo itself (lowerdirs.c)."""
+    return 0 if _lib is None else ctypes.c_uint64.in_dll(_lib, f"fastpath_{name}").value
 
 
 def names_touch(inodes: set[bytes], everything: bool = False) -> None:
@@ -458,34 +443,6 @@ def listing_changed(ino: int, made: bytes | None, gone: bytes | None = None) -> 
         return False
     return bool(_lib.fastpath_listing_change(ino, made, 0 if made is None else len(made),
                                               gone, 0 if gone is None else len(gone)))
-
-
-def names_answered() -> int:
-    """How many LOOKUPs C answered from published listings."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_names_answered").value
-
-
-def absent_answered() -> int:
-    """How many of those LOOKUPs C answered as no such name (a name the listing lacks)."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_absent_answered").value
-
-
-def attrs_answered() -> int:
-    """How many GETATTRs C answered from what publish_attrs published."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_attrs_answered").value
-
-
-def listings_answered() -> int:
-    """How many READDIRPLUS C answered from published listings."""
-    if _lib is None:
-        return 0
-    return ctypes.c_uint64.in_dll(_lib, "fastpath_listings_answered").value
 
 
 def notify_inc_epoch() -> int:

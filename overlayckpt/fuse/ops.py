@@ -15,7 +15,7 @@ import os
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,7 +35,7 @@ from overlayckpt.fuse.behind import Behind
 from overlayckpt.fuse.callers import CallerCache, Writers
 from overlayckpt.fuse.control import VIEW_INO_BASE, ControlFs
 from overlayckpt.fuse.forgotten import Forgotten
-from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, FIRST_UPPER_INO, ROOT_INO, Node, u64
+from overlayckpt.records import CONTROL_INO_BASE, CONTROL_NAME, ROOT_INO, Node, u64
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ class Operations(pyfuse3.Operations):
             overlay.lower_paths.from_c = fastpath.lower_entry  # (fuse/csrc/lowerdirs.c)
             overlay.lower_paths.all_from_c = fastpath.lower_known
             if overlay.lower.pins is None:  # (a pinned entry shows what the repo no longer has)
-                fastpath.lower_start(overlay.lower.fd, overlay.bs, int(CACHE_TIMEOUT),
-                                     overlay.store.read(repo_inodes_changed))
+                fastpath.lower_start(overlay.lower.fd, overlay.bs, int(CACHE_TIMEOUT))
+                fastpath.names_touch(overlay.store.read(repo_inodes_changed))
         self.ov = overlay
         self.ctl = control
         self.callers = CallerCache()
@@ -194,7 +194,7 @@ class Operations(pyfuse3.Operations):
             ino, node = 0, None
         if publish and (self.ov.lower.listings_made != listed or parent_inode in self._unpublished):
             self._publish_names(parent_inode)
-        if node is not None and node.is_dir and publish:
+        if node is not None and publish:
             self._hint_dirs(parent_inode, [(ino, node)])
         if node is None:
             neg = pyfuse3.EntryAttributes()
@@ -218,19 +218,29 @@ class Operations(pyfuse3.Operations):
                 self._unpublished.add(parent)
             return
         self._unpublished.discard(parent)
-        stamp, entries = self._read_for_c(lambda r: self._entries(r, parent))
-        bs = self.ov.bs
-        fastpath.publish_dir(stamp, parent, [(name, entry_record(child, node, bs))
-                                             for name, child, node in entries])
-        self._hint_dirs(parent, [(child, node) for _, child, node in entries[2:] if node.is_dir])
+        self._publish(*self._read_for_c(lambda r: self._entries(r, parent)), parent)
 
-    def _hint_dirs(self, parent: int, dirs: list[tuple[int, Node]]) -> None:
-        """Where these directories of parent are in the repo, so that C lists them itself
-        while nothing changes them (fuse/csrc/lowerdirs.c checks they are the repo's)."""
+    def _publish(self, stamp: int, entries: list[tuple[bytes, int, Node]], ino: int) -> int:
+        """Hand C directory ino's entries (".", "..", its names), read at names clock
+        stamp (fuse/csrc/names.c), and where its subdirectories are in the repo
+        (lowerdirs.c lists them itself while nothing changes them). The listing's number
+        in C, or 0 if C did not take it."""
+        if not fastpath.loaded():
+            return 0
+        bs = self.ov.bs
+        number = fastpath.publish_dir(stamp, ino, [(name, entry_record(child, node, bs))
+                                                   for name, child, node in entries])
+        self._hint_dirs(ino, ((child, node) for _, child, node in entries[2:]))
+        return number
+
+    def _hint_dirs(self, parent: int, children: Iterable[tuple[int, Node]]) -> None:
+        """Where those of these children of parent that are repo directories are in the
+        repo, so that C lists them itself while nothing changes them
+        (fuse/csrc/lowerdirs.c checks they are the repo's)."""
         if fastpath.lower_on():
             small = self.ov.lower.is_small
-            fastpath.lower_hint([(ino, parent, node.origin, small(node.origin)) for ino, node in dirs
-                                 if node.origin and ino < FIRST_UPPER_INO])
+            fastpath.lower_hint([(ino, parent, node.origin, small(node.origin)) for ino, node in children
+                                 if node.is_dir and node.origin])
 
     @translate_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -515,10 +525,7 @@ class Operations(pyfuse3.Operations):
         stamp, entries = self._entries_for_c(ino) or self._read_for_c(lambda r: self._entries(r, ino))
         bs = self.ov.bs
         listing = [(name, entry_attrs(child, node, bs)) for name, child, node in entries]
-        number = fastpath.publish_dir(stamp, ino, fastpath.entry_records(listing)) \
-            if fastpath.loaded() else 0
-        self._hint_dirs(ino, [(child, node) for _, child, node in entries[2:] if node.is_dir])
-        return listing, number
+        return listing, self._publish(stamp, entries, ino)
 
     def _read_for_c(self, fn: Callable[[Any], T]) -> tuple[int, T]:
         """fn on the live state, and the names clock read before it (fuse/csrc/names.c):

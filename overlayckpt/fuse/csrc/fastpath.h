@@ -125,6 +125,21 @@ static inline uint64_t now_ns(void)
 
 #pragma GCC visibility push(hidden)
 
+/* ino's slot in a table of 2^bits (Fibonacci hashing: neighbouring inodes spread). */
+static inline uint32_t slot_in(uint64_t ino, unsigned bits)
+{
+    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+/* How name a (alen bytes) sorts against b, as memcmp sorts, the shorter first (as
+ * Python sorts bytes). */
+static inline int name_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+
+    return c != 0 ? c : alen < blen ? -1 : alen > blen;
+}
+
 /* path beneath the repo's fd root, opened with flags, no symlink followed, and
  * O_NOATIME where we may (lower.py open_noatime: reading the repo through the
  * overlay leaves its attributes, which the mount shows, as they are). */

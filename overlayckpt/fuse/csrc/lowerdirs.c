@@ -62,14 +62,9 @@ uint64_t fastpath_lower_attrs;   /* GETATTRs it answered from the repo */
 static uint64_t *ever;
 static uint32_t ever_bits, ever_count;
 
-static inline uint32_t slot_for(uint64_t ino, uint32_t bits)
-{
-    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
-}
-
 static int ever_insert(uint64_t *table, uint32_t bits, uint64_t ino)
 {
-    uint32_t mask = (1u << bits) - 1, i = slot_for(ino, bits);
+    uint32_t mask = (1u << bits) - 1, i = slot_in(ino, bits);
 
     while (table[i] != 0 && table[i] != ino)
         i = (i + 1) & mask;
@@ -112,7 +107,7 @@ int lower_changed(uint64_t ino)
     if (ever == NULL)
         return 0;
     mask = (1u << ever_bits) - 1;
-    for (i = slot_for(ino, ever_bits); ever[i] != 0; i = (i + 1) & mask)
+    for (i = slot_in(ino, ever_bits); ever[i] != 0; i = (i + 1) & mask)
         if (ever[i] == ino)
             return 1;
     return 0;
@@ -126,7 +121,7 @@ static struct known *known_slot(uint64_t ino)
     if (known == NULL)
         return NULL;
     mask = (1u << known_bits) - 1;
-    for (i = slot_for(ino, known_bits); known[i].ino != 0; i = (i + 1) & mask)
+    for (i = slot_in(ino, known_bits); known[i].ino != 0; i = (i + 1) & mask)
         if (known[i].ino == ino)
             return &known[i];
     return &known[i];
@@ -313,9 +308,8 @@ static inline uint64_t lower_ino(uint64_t st_ino) { return st_ino != FUSE_ROOT_I
 static int by_name(const void *a, const void *b)
 {
     const struct lentry *x = *(struct lentry *const *)a, *y = *(struct lentry *const *)b;
-    int c = memcmp(x->name, y->name, x->len < y->len ? x->len : y->len);
 
-    return c != 0 ? c : (x->len > y->len) - (x->len < y->len);
+    return name_cmp(x->name, x->len, y->name, y->len);
 }
 
 /* What Python answers for an untouched repo entry numbered ino (attrs.py entry_record
@@ -552,16 +546,24 @@ static int entry_path(uint64_t ino, char *path, size_t cap, int dirs)
     return 1;
 }
 
+/* The fd of repo file ino if it is one kept open, else -1. */
+static int kept_fd(uint64_t ino)
+{
+    for (unsigned i = 0; i < READ_FDS; i++)
+        if (read_fds[i].ino == ino)
+            return read_fds[i].fd;
+    return -1;
+}
+
 /* An fd of repo file ino (opened at its path, checked to be it), or -1. */
 static int read_fd(uint64_t ino)
 {
     char path[PATH_MAX];
     struct stat st;
-    int ok, fd;
+    int ok, fd = kept_fd(ino);
 
-    for (unsigned i = 0; i < READ_FDS; i++)
-        if (read_fds[i].ino == ino)
-            return read_fds[i].fd;
+    if (fd >= 0)
+        return fd;
     pthread_mutex_lock(&known_lock);
     ok = entry_path(ino, path, sizeof(path), 0);
     pthread_mutex_unlock(&known_lock);
@@ -611,14 +613,12 @@ int lower_getattr_answer(struct fuse_session *se, const char *mem, size_t len)
     struct fuse_entry_out e;
     struct fuse_attr_out out = {0};
     struct stat st;
-    int fd = -1, ok = 0;
+    int fd, ok;
 
     if (!__atomic_load_n(&lower_on, __ATOMIC_ACQUIRE) || len < sizeof(*in) || in->opcode != FUSE_GETATTR ||
         in->nodeid == FUSE_ROOT_ID || in->nodeid >= first_upper)
         return 0;
-    for (unsigned i = 0; i < READ_FDS && !ok; i++)
-        if (read_fds[i].ino == in->nodeid)
-            ok = fstat(read_fds[i].fd, &st) == 0;
+    ok = (fd = kept_fd(in->nodeid)) >= 0 && fstat(fd, &st) == 0;
     if (!ok) {
         pthread_mutex_lock(&known_lock);
         ok = entry_path(in->nodeid, path, sizeof(path), 1);

@@ -95,12 +95,6 @@ struct attr_slot {
 };
 static struct attr_slot *attr_table;  /* allocated at the first publication, then kept */
 
-/* ino's slot in a table of 2^bits (Fibonacci hashing: neighbouring inodes spread). */
-static inline uint32_t slot_in(uint64_t ino, unsigned bits)
-{
-    return (uint32_t)((ino * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
-}
-
 static inline uint32_t slot_of(uint64_t ino) { return slot_in(ino, TOUCH_BITS); }
 
 /* With names_lock held: ino changed at clock now. */
@@ -388,14 +382,6 @@ int publish_listing(uint64_t stamp, uint64_t dir, const char *in, size_t in_size
     number = (int)l->number;
     pthread_mutex_unlock(&names_lock);
     return number;
-}
-
-/* How name a (alen bytes) sorts against b, as memcmp sorts, the shorter first. */
-static int name_cmp(const char *a, size_t alen, const char *b, size_t blen)
-{
-    int c = memcmp(a, b, alen < blen ? alen : blen);
-
-    return c != 0 ? c : alen < blen ? -1 : alen > blen;
 }
 
 /* With names_lock held: the entry of l named name (its names, after "." and "..", are
